@@ -1,0 +1,4 @@
+list(APPEND ENCORE_SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/status.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/cuda_check.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/device.cpp)

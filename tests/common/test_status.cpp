@@ -1,0 +1,54 @@
+#include <encore/status.h>
+
+#include "common/cuda_check.h"
+#include "test_util.h"
+
+namespace encore {
+namespace {
+
+TEST(Status, DefaultIsOk) {
+  Status s;
+  EXPECT_TRUE(s.ok());
+  EXPECT_EQ(s.to_string(), "ok");
+}
+
+TEST(Status, CarriesCodeAndMessage) {
+  Status s(StatusCode::kMisaligned, "x must be 16-byte aligned");
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kMisaligned);
+  EXPECT_NE(s.to_string().find("16-byte"), std::string::npos);
+  EXPECT_THROW(throw_if_error(s), Error);
+}
+
+TEST(Checks, PointerNullAndAlignment) {
+  alignas(16) static char buf[64];
+  EXPECT_EQ(detail::check_pointer(nullptr, 16, "p").code(), StatusCode::kNullPointer);
+  EXPECT_EQ(detail::check_pointer(buf + 4, 16, "p").code(), StatusCode::kMisaligned);
+  EXPECT_TRUE(detail::check_pointer(buf + 16, 16, "p").ok());
+}
+
+TEST(Checks, Overlap) {
+  static char buf[64];
+  EXPECT_EQ(detail::check_no_overlap(buf, 32, "a", buf + 16, 32, "b").code(), StatusCode::kOverlap);
+  EXPECT_TRUE(detail::check_no_overlap(buf, 32, "a", buf + 32, 32, "b").ok());
+}
+
+TEST(Checks, InvalidatedCaptureIsAFailedStream) {
+  ENCORE_REQUIRE_GPU();
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  EXPECT_TRUE(detail::check_stream(stream).ok());
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  // A synchronous query is illegal during capture: it invalidates the capture.
+  EXPECT_NE(cudaSuccess, cudaStreamQuery(stream));
+  cudaGetLastError();
+  EXPECT_EQ(detail::check_stream(stream).code(), StatusCode::kCudaError);
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(stream, &graph);
+  if (graph) cudaGraphDestroy(graph);
+  cudaGetLastError();
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace encore
