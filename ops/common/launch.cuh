@@ -1,0 +1,82 @@
+// Device/launch plumbing shared by every op: the uniform block shape, programmatic dependent
+// launch (PDL) hooks, a shared-memory bump allocator, and the one launch helper.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include <encore/status.h>
+
+#include "common/cuda_check.h"
+
+namespace encore {
+
+// Every device body runs with this many threads per block, so the megakernel can call any of them.
+inline constexpr int kBlockThreads = 256;
+inline constexpr int kWarpsPerBlock = kBlockThreads / 32;
+
+namespace device {
+
+// PDL: wait until the previous kernel in the stream has flushed its results (no-op when the
+// kernel was not launched as a dependent). Call before the first load of upstream data.
+__device__ __forceinline__ void wait_for_upstream() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// PDL: let the next kernel in the stream start its prologue (weight prefetch) now.
+__device__ __forceinline__ void allow_downstream() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Carves dynamic shared memory: each body asks for its pieces in order, so its total need can
+// be computed on the host with the same code (pass a null base).
+class SmemAllocator {
+ public:
+  __host__ __device__ explicit SmemAllocator(char* base) : base_(base) {}
+  template <class T>
+  __host__ __device__ T* take(std::size_t count, std::size_t align = 16) {
+    offset_ = (offset_ + align - 1) / align * align;
+    T* p = reinterpret_cast<T*>(base_ + offset_);
+    offset_ += count * sizeof(T);
+    return p;
+  }
+  __host__ __device__ std::size_t used() const { return offset_; }
+
+ private:
+  char* base_;
+  std::size_t offset_ = 0;
+};
+
+}  // namespace device
+
+namespace detail {
+
+// Launches `kernel<<<grid, kBlockThreads, smem, stream>>>(args...)` through cudaLaunchKernelEx,
+// as a programmatic dependent of the previous kernel in the stream when `pdl` is set, raising the
+// dynamic shared-memory limit when needed; then checks the launch.
+template <class... KernelArgs, class... Args>
+Status launch(void (*kernel)(KernelArgs...), int grid, std::size_t smem, cudaStream_t stream, bool pdl,
+              const char* name, Args&&... args) {
+  if (smem > 48 * 1024)
+    ENCORE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(kBlockThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attr;
+  config.numAttrs = pdl ? 1 : 0;
+  ENCORE_RETURN_IF_ERROR(cuda_status(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), name));
+  return check_launch(name);
+}
+
+}  // namespace detail
+}  // namespace encore
