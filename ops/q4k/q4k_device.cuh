@@ -39,13 +39,19 @@ __device__ __forceinline__ SubBlockPair decode_pair(const uint4& header, int p) 
 __device__ __forceinline__ int low_nibbles(std::uint32_t w) { return int(w & 0x0F0F0F0Fu); }
 __device__ __forceinline__ int high_nibbles(std::uint32_t w) { return int((w >> 4) & 0x0F0F0F0Fu); }
 
-// Streaming 16-byte load for weights: read once per step, so keep them out of L1 and let L2
-// evict them first. Weights are never written during a step, so the non-coherent path is safe.
+// Streaming 16-byte load for weights: read once per step, so keep them out of L1 and mark them
+// evict-first in L2. Weights are never written during a step: the non-coherent path is safe.
+__device__ __forceinline__ std::uint64_t evict_first_policy() {
+  std::uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
 __device__ __forceinline__ uint4 load_weights_16(const void* ptr) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::evict_first.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(ptr));
+               : "l"(ptr), "l"(evict_first_policy()));
   return v;
 }
 

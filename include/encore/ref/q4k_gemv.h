@@ -1,0 +1,40 @@
+// fp64 CPU references of the Q4_K GEMV family (dequantised weights, exact activations), plus the
+// kernel's int8-activation arithmetic in double for tight checks of indexing and scaling.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <encore/q4k.h>
+
+namespace encore::ref {
+
+// y[b][r] = sum_j W[r][j] * x[b][j] (+ residual[b][r]); x rows x_stride apart, y rows n apart.
+void q4k_gemv(const q4k::Block* w, std::int64_t n, std::int64_t k, const float* x, int batch, std::int64_t x_stride,
+              const float* residual, double* y);
+
+// out[j] = x[j] / sqrt(mean(x^2) + eps) * gamma[j]
+void rmsnorm(const float* x, const float* gamma, std::int64_t k, double eps, double* out);
+
+// y[b] = W (rmsnorm(x[b]) * gamma) (+ residual); `normalized` (optional) gets rmsnorm(x) * gamma.
+void rmsnorm_q4k_gemv(const q4k::Block* w, std::int64_t n, std::int64_t k, const float* x, const float* gamma,
+                      double eps, int batch, std::int64_t x_stride, const float* residual, double* y, double* normalized);
+
+// h[b] = silu(Wg n[b]) * (Wu n[b]) with n = x, or rmsnorm(x)*gamma when gamma is set; raw: h = gate, up_out = up.
+void gate_up_q4k_gemv(const q4k::Block* gate, const q4k::Block* up, std::int64_t n, std::int64_t k, const float* x,
+                      const float* gamma, double eps, int batch, std::int64_t x_stride, bool raw, double* h, double* up_out);
+
+// The kernels' activation format: int8 codes per value, scale amax/127 per 32 values (codes
+// round half to even of v * (127/amax) in fp32), and fp32 sums of the unquantised values per 16.
+struct Int8Activations {
+  std::vector<std::int8_t> codes;  // [k]
+  std::vector<float> scales;       // [k / 32]
+  std::vector<float> sums;         // [k / 16]
+};
+Int8Activations quantize_activations(const float* v, std::int64_t k);
+
+// y[r] = sum over sub-block halves of D*d*dot(q, codes) - M*sum, in double: what the kernel
+// computes, up to fp32 accumulation order.
+void q4k_gemv_int8(const q4k::Block* w, std::int64_t n, std::int64_t k, const Int8Activations& act, double* y);
+
+}  // namespace encore::ref
