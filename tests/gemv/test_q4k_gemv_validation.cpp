@@ -1,0 +1,118 @@
+// Argument validation of the Q4_K GEMV launchers: runs on any machine (checks precede CUDA calls).
+#include <encore/ops/q4k_gemv.h>
+
+#include "test_util.h"
+
+namespace encore {
+namespace {
+
+alignas(16) q4k::Block g_weights[64];
+alignas(16) q4k::Block g_weights2[64];
+alignas(16) float g_x[4 * 1024];
+alignas(16) float g_y[4 * 1024];
+alignas(16) float g_gamma[1024];
+
+ops::Q4kGemvParams valid_plain() {
+  ops::Q4kGemvParams a;
+  a.weight = g_weights;
+  a.x = g_x;
+  a.y = g_y;
+  a.n = 16;
+  a.k = 1024;
+  a.batch = 2;
+  return a;
+}
+
+StatusCode plain(const ops::Q4kGemvParams& a) { return ops::q4k_gemv(a, nullptr).code(); }
+
+TEST(Q4kGemvValidation, Dimensions) {
+  auto a = valid_plain();
+  a.k = 1000;
+  EXPECT_EQ(plain(a), StatusCode::kInvalidArgument);
+  a.k = 0;
+  EXPECT_EQ(plain(a), StatusCode::kInvalidArgument);
+  a = valid_plain();
+  a.n = 0;
+  EXPECT_EQ(plain(a), StatusCode::kInvalidArgument);
+  a.n = std::int64_t(1) << 31;
+  EXPECT_EQ(plain(a), StatusCode::kInvalidArgument);
+  a = valid_plain();
+  a.batch = 0;
+  EXPECT_EQ(plain(a), StatusCode::kInvalidArgument);
+  a.batch = ops::kMaxGemvBatch + 1;
+  EXPECT_EQ(plain(a), StatusCode::kInvalidArgument);
+  a = valid_plain();
+  a.x_stride = 1022;  // < k
+  EXPECT_EQ(plain(a), StatusCode::kInvalidArgument);
+  a.x_stride = 1026;  // not a multiple of 4
+  EXPECT_EQ(plain(a), StatusCode::kInvalidArgument);
+  a = valid_plain();
+  a.y_stride = 8;  // < n
+  EXPECT_EQ(plain(a), StatusCode::kInvalidArgument);
+}
+
+TEST(Q4kGemvValidation, PointersAndAlignment) {
+  auto a = valid_plain();
+  a.weight = nullptr;
+  EXPECT_EQ(plain(a), StatusCode::kNullPointer);
+  a = valid_plain();
+  a.x = nullptr;
+  EXPECT_EQ(plain(a), StatusCode::kNullPointer);
+  a = valid_plain();
+  a.y = nullptr;
+  EXPECT_EQ(plain(a), StatusCode::kNullPointer);
+  a = valid_plain();
+  a.x = g_x + 1;
+  EXPECT_EQ(plain(a), StatusCode::kMisaligned);
+  a = valid_plain();
+  a.weight = reinterpret_cast<const q4k::Block*>(reinterpret_cast<const char*>(g_weights) + 2);
+  EXPECT_EQ(plain(a), StatusCode::kMisaligned);
+}
+
+TEST(Q4kGemvValidation, Overlaps) {
+  auto a = valid_plain();
+  a.y = g_x + 8;  // output inside the activations
+  EXPECT_EQ(plain(a), StatusCode::kOverlap);
+  a = valid_plain();
+  a.y = reinterpret_cast<float*>(g_weights);
+  EXPECT_EQ(plain(a), StatusCode::kOverlap);
+  a = valid_plain();
+  a.residual = g_y + 4;  // partially overlapping the output
+  EXPECT_EQ(plain(a), StatusCode::kOverlap);
+
+  ops::RmsNormQ4kGemvParams r;
+  r.weight = g_weights;
+  r.x = g_x;
+  r.gamma = g_gamma;
+  r.y = g_y;
+  r.n = 16;
+  r.k = 1024;
+  r.normalized = g_x + 1024;  // inside x (batch 1 reads x[0..1023] only, but x rows are k apart)
+  r.batch = 2;
+  EXPECT_EQ(ops::rmsnorm_q4k_gemv(r, nullptr).code(), StatusCode::kOverlap);
+  r.normalized = nullptr;
+  r.gamma = nullptr;
+  EXPECT_EQ(ops::rmsnorm_q4k_gemv(r, nullptr).code(), StatusCode::kNullPointer);
+  r.gamma = g_gamma;
+  r.eps = 0.f;
+  EXPECT_EQ(ops::rmsnorm_q4k_gemv(r, nullptr).code(), StatusCode::kInvalidArgument);
+
+  ops::GateUpQ4kGemvParams g;
+  g.gate = g_weights;
+  g.up = g_weights2;
+  g.x = g_x;
+  g.h = g_y;
+  g.up_out = g_y + 8;  // raw outputs overlap each other
+  g.output = ops::GateUpOutput::kRaw;
+  g.n = 16;
+  g.k = 1024;
+  EXPECT_EQ(ops::gate_up_q4k_gemv(g, nullptr).code(), StatusCode::kOverlap);
+  g.up_out = nullptr;
+  EXPECT_EQ(ops::gate_up_q4k_gemv(g, nullptr).code(), StatusCode::kNullPointer);
+  g.output = ops::GateUpOutput::kSiluMul;
+  g.up = nullptr;
+  EXPECT_EQ(ops::gate_up_q4k_gemv(g, nullptr).code(), StatusCode::kNullPointer);
+}
+
+}  // namespace
+}  // namespace encore
