@@ -114,6 +114,9 @@ void* device_alloc(std::size_t bytes) {
   return p;
 }
 
+DeviceMemory::DeviceMemory(std::size_t bytes) { BENCH_CUDA(cudaMalloc(&ptr_, bytes)); }
+DeviceMemory::~DeviceMemory() { cudaFree(ptr_); }
+
 void fill_random_bytes(void* ptr, std::size_t bytes, std::uint64_t seed) {
   fill_bytes_kernel<<<1024, 256>>>(static_cast<std::uint64_t*>(ptr), bytes / 8, seed);
   BENCH_CUDA(cudaGetLastError());

@@ -37,8 +37,26 @@ enum class Roof { kRead, kCopy };
 void time_graph(benchmark::State& state, const std::function<void(int, cudaStream_t)>& enqueue, int calls,
                 double bytes_per_call, Roof roof = Roof::kRead);
 
-// Device allocation owned by the benchmark process, freed at exit; filled with random bytes.
+// Device allocation owned by the benchmark process, freed at exit.
 void* device_alloc(std::size_t bytes);
+
+// Device allocation owned by one benchmark (freed when it goes out of scope).
+class DeviceMemory {
+ public:
+  explicit DeviceMemory(std::size_t bytes);
+  ~DeviceMemory();
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  template <class T = void>
+  T* as() const { return static_cast<T*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+// Calls per captured graph: a multiple of `copies` (the rotation) with at least `min_calls`.
+inline int graph_calls(int copies, int min_calls = 24) { return (min_calls + copies - 1) / copies * copies; }
+
 void fill_random_bytes(void* ptr, std::size_t bytes, std::uint64_t seed);
 void fill_random_floats(float* ptr, std::size_t count, std::uint64_t seed, float lo = -1.f, float hi = 1.f);
 
