@@ -1,0 +1,80 @@
+// Device helpers shared by the MLA bodies: tensor-core fragments (ldmatrix + mma.sync m16n8k16),
+// cp.async with zero fill, bf16 packing, the YaRN frequency, and the step's error flag.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+
+#include <encore/ops/mla.h>
+
+#include "common/launch.cuh"
+
+namespace encore::ops::mla::device {
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy; src_bytes = 0 writes zeros and reads nothing (rows beyond len).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int Pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// D += A(16x16, row) * B(16x8, col), bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                               std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<std::uint32_t*>(&v);
+}
+
+// theta'_i in double (DeepSeek-V3 YaRN, spec §4); pos * theta' is formed in double too, so the
+// angle stays exact to ~1e-12 rad even at position 128K.
+__device__ __forceinline__ double rope_theta(const MlaRope& rope, int pair) {
+  const double dim = kMlaRopeDim, base = rope.theta;
+  const double theta = pow(base, -2.0 * pair / dim);
+  const double two_log_base = 2.0 * log(base);
+  const double low = fmax(floor(dim * log(rope.yarn_original_max_pos / (rope.beta_fast * 2.0 * 3.14159265358979323846)) / two_log_base), 0.0);
+  double high = fmin(ceil(dim * log(rope.yarn_original_max_pos / (rope.beta_slow * 2.0 * 3.14159265358979323846)) / two_log_base), dim - 1);
+  if (high == low) high += 0.001;
+  const double gamma = fmin(fmax((pair - low) / (high - low), 0.0), 1.0);
+  return theta * ((1.0 - gamma) + gamma / rope.yarn_factor);
+}
+
+// Rotates the adjacent pair (x0, x1) of pair index `pair` at `pos` (identity for NoPE).
+__device__ __forceinline__ float2 rope_pair(const MlaRope& rope, int pos, int pair, float x0, float x1) {
+  if (rope.mode == MlaRopeMode::kNone) return make_float2(x0, x1);
+  double s, c;
+  sincos(double(pos) * rope_theta(rope, pair), &s, &c);
+  return make_float2(float(x0 * c - x1 * s), float(x0 * s + x1 * c));
+}
+
+// Nonzero when the scheduler flagged this step's device-side input (then nothing is written).
+__device__ __forceinline__ bool step_flagged(const std::int32_t* error_flag) { return *error_flag != 0; }
+
+}  // namespace encore::ops::mla::device

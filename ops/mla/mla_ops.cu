@@ -1,0 +1,109 @@
+// Standalone kernels and launchers of the small MLA stages: scheduler, append, q absorption,
+// combine, V up-projection. Each kernel maps blocks onto its body's tiles (grid-stride).
+#include <algorithm>
+
+#include <encore/ops/mla.h>
+
+#include "common/cuda_check.h"
+#include "common/launch.cuh"
+#include "mla/mla_splitkv_tile.cuh"
+#include "mla/mla_tiles.cuh"
+
+namespace encore::ops {
+namespace {
+
+using namespace encore::ops::mla;
+
+__global__ void __launch_bounds__(kBlockThreads) mla_sched_kernel(const __grid_constant__ MlaSchedParams p) {
+  extern __shared__ __align__(16) char smem[];
+  encore::device::wait_for_upstream();
+  mla_sched_tile(p, 0, smem);
+  encore::device::allow_downstream();
+}
+
+__global__ void __launch_bounds__(kBlockThreads) mla_kv_append_kernel(const __grid_constant__ MlaKvAppendParams p) {
+  encore::device::wait_for_upstream();
+  for (int tile = blockIdx.x; tile < p.num_seqs; tile += gridDim.x) {
+    mla_kv_append_tile(p, tile, nullptr);
+    __syncthreads();
+  }
+  encore::device::allow_downstream();
+}
+
+__global__ void __launch_bounds__(kBlockThreads) mla_q_absorb_kernel(const __grid_constant__ MlaQAbsorbParams p) {
+  extern __shared__ __align__(16) char smem[];
+  encore::device::wait_for_upstream();
+  const int tiles = p.num_heads * QAbsorbConfig::kGroups;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    mla_q_absorb_tile(p, tile, smem);
+    __syncthreads();
+  }
+  encore::device::allow_downstream();
+}
+
+__global__ void __launch_bounds__(kBlockThreads) mla_combine_kernel(const __grid_constant__ MlaAttentionParams p) {
+  extern __shared__ __align__(16) char smem[];
+  encore::device::wait_for_upstream();
+  const int tiles = p.num_seqs * p.num_heads * CombineConfig::kQuarters;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) mla_combine_tile(p, tile, smem);
+  encore::device::allow_downstream();
+}
+
+__global__ void __launch_bounds__(kBlockThreads) mla_v_up_kernel(const __grid_constant__ MlaVUpParams p) {
+  const int tiles = p.num_heads * VUpConfig::kGroups;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) mla_v_up_tile(p, tile, nullptr);  // waits inside
+  encore::device::allow_downstream();
+}
+
+int grid_for(int tiles, int per_sm) { return std::max(1, std::min(tiles, detail::sm_count() * per_sm)); }
+
+}  // namespace
+
+int mla_num_parts(int num_heads) {
+  return std::max(detail::sm_count() / std::max(head_groups(num_heads), 1), 1);
+}
+
+Status mla_sched(const MlaSchedParams& p, cudaStream_t stream) {
+  ENCORE_RETURN_IF_ERROR(mla_validate(p));
+  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
+  return detail::launch(mla_sched_kernel, 1, mla_sched_smem_bytes(p.num_seqs), stream, true, "mla_sched_kernel", p);
+}
+
+Status mla_kv_append(const MlaKvAppendParams& p, cudaStream_t stream) {
+  ENCORE_RETURN_IF_ERROR(mla_validate(p));
+  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
+  return detail::launch(mla_kv_append_kernel, grid_for(p.num_seqs, 8), 0, stream, true, "mla_kv_append_kernel", p);
+}
+
+int mla_q_absorb_num_tiles(const MlaQAbsorbParams& p) { return p.num_heads * QAbsorbConfig::kGroups; }
+
+Status mla_q_absorb(const MlaQAbsorbParams& p, cudaStream_t stream) {
+  ENCORE_RETURN_IF_ERROR(mla_validate(p));
+  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
+  return detail::launch(mla_q_absorb_kernel, grid_for(mla_q_absorb_num_tiles(p), 4), mla_q_absorb_smem_bytes(), stream, true,
+                        "mla_q_absorb_kernel", p);
+}
+
+int mla_combine_num_tiles(const MlaAttentionParams& p) { return p.num_seqs * p.num_heads * CombineConfig::kQuarters; }
+
+Status mla_combine(const MlaAttentionParams& p, cudaStream_t stream) {
+  ENCORE_RETURN_IF_ERROR(mla_validate(p));
+  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
+  return detail::launch(mla_combine_kernel, grid_for(mla_combine_num_tiles(p), 8), mla_combine_smem_bytes(p.num_parts), stream,
+                        true, "mla_combine_kernel", p);
+}
+
+int mla_v_up_num_tiles(const MlaVUpParams& p) { return p.num_heads * VUpConfig::kGroups; }
+
+Status mla_v_up(const MlaVUpParams& p, cudaStream_t stream) {
+  ENCORE_RETURN_IF_ERROR(mla_validate(p));
+  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
+  return detail::launch(mla_v_up_kernel, grid_for(mla_v_up_num_tiles(p), 4), 0, stream, true, "mla_v_up_kernel", p);
+}
+
+Status mla_attention(const MlaAttentionParams& p, cudaStream_t stream) {
+  ENCORE_RETURN_IF_ERROR(mla_splitkv(p, stream));
+  return mla_combine(p, stream);
+}
+
+}  // namespace encore::ops

@@ -1,0 +1,287 @@
+// Split-KV attention body (spec §8): one tile = (scheduler part, group of 32 query heads).
+// Per 64-token page: S = Q K^T and O += P V on tensor cores (mma.sync m16n8k16, bf16 in, fp32
+// accumulate), online softmax in base 2, P rounded to bf16. One page in shared memory serves K
+// (576 columns) and V (its first 512 columns). Pages stream through a 2-stage cp.async pipeline;
+// rows beyond the sequence length are zero-filled, never loaded.
+//
+// Warp roles (8 warps, 256 threads):
+//   scores:  warp w computes rows 16*(w%2)..+15 x tokens 16*(w/2)..+15 over k = 0..575
+//   softmax: thread t owns row t/8, tokens 8*(t%8)..+7
+//   P V:     warp w owns output columns 64*w..+63 for all 32 rows
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <encore/ops/mla.h>
+
+#include "common/launch.cuh"
+#include "mla/mla_device.cuh"
+#include "mla/mla_plan.h"
+
+namespace encore::ops::mla {
+
+struct SplitKvConfig {
+  static constexpr int kRows = 32;                     // query heads per tile
+  static constexpr int kRowStride = kMlaRowDim + 8;    // bf16 elements; +16 B keeps ldmatrix conflict-free
+  static constexpr int kStages = 2;
+  static constexpr int kScoreStride = kMlaPageTokens + 4;   // fp32
+  static constexpr int kProbStride = kMlaPageTokens + 8;    // bf16
+  static constexpr int kChunksPerRow = kMlaRowDim / 8;      // 16-byte chunks per cache row
+};
+
+struct SplitKvSmem {
+  __nv_bfloat16* q;       // [32][kRowStride]
+  __nv_bfloat16* page;    // [kStages][64][kRowStride]
+  float* scores;          // [32][kScoreStride]
+  __nv_bfloat16* probs;   // [32][kProbStride]
+  float* row_max;         // [32] running max, log2 domain
+  float* row_sum;         // [32] running sum of p (fp32)
+  float* row_alpha;       // [32] rescale factor of the current page
+
+  __host__ __device__ explicit SplitKvSmem(char* base) {
+    encore::device::SmemAllocator a(base);
+    q = a.take<__nv_bfloat16>(SplitKvConfig::kRows * SplitKvConfig::kRowStride, 128);
+    page = a.take<__nv_bfloat16>(SplitKvConfig::kStages * kMlaPageTokens * SplitKvConfig::kRowStride, 128);
+    scores = a.take<float>(SplitKvConfig::kRows * SplitKvConfig::kScoreStride);
+    probs = a.take<__nv_bfloat16>(SplitKvConfig::kRows * SplitKvConfig::kProbStride);
+    row_max = a.take<float>(SplitKvConfig::kRows);
+    row_sum = a.take<float>(SplitKvConfig::kRows);
+    row_alpha = a.take<float>(SplitKvConfig::kRows);
+    bytes = a.used();
+  }
+  std::size_t bytes;
+};
+
+inline std::size_t mla_splitkv_smem_bytes() { return SplitKvSmem(nullptr).bytes; }
+
+__host__ __device__ inline int head_groups(int num_heads) { return (num_heads + SplitKvConfig::kRows - 1) / SplitKvConfig::kRows; }
+
+namespace detail_splitkv {
+
+using Cfg = SplitKvConfig;
+
+// Q rows of (request, head group) -> shared; heads beyond num_heads are zero rows.
+__device__ __forceinline__ void load_q(const MlaAttentionParams& p, int req, int group, __nv_bfloat16* q_s) {
+  for (int c = threadIdx.x; c < Cfg::kRows * Cfg::kChunksPerRow; c += kBlockThreads) {
+    const int row = c / Cfg::kChunksPerRow, chunk = c % Cfg::kChunksPerRow;
+    const int head = group * Cfg::kRows + row;
+    const bool valid = head < p.num_heads;
+    const __nv_bfloat16* src = p.q576 + (std::int64_t(req) * p.num_heads + (valid ? head : 0)) * kMlaRowDim + chunk * 8;
+    device::cp_async_16(q_s + row * Cfg::kRowStride + chunk * 8, src, valid ? 16 : 0);
+  }
+}
+
+// Page `page_idx` of request `req` -> one stage; token rows >= valid_tokens are zero-filled.
+__device__ __forceinline__ void load_page(const MlaAttentionParams& p, int req, int page_idx, int valid_tokens,
+                                          __nv_bfloat16* stage) {
+  const std::int32_t page_id = p.cache.block_table[std::int64_t(req) * p.cache.block_table_stride + page_idx];
+  const __nv_bfloat16* base = p.cache.pages + std::int64_t(page_id) * kMlaPageTokens * kMlaRowDim;
+  for (int c = threadIdx.x; c < kMlaPageTokens * Cfg::kChunksPerRow; c += kBlockThreads) {
+    const int row = c / Cfg::kChunksPerRow, chunk = c % Cfg::kChunksPerRow;
+    const bool valid = row < valid_tokens;
+    device::cp_async_16(stage + row * Cfg::kRowStride + chunk * 8, base + (valid ? row * kMlaRowDim + chunk * 8 : 0),
+                        valid ? 16 : 0);
+  }
+}
+
+}  // namespace detail_splitkv
+
+// One tile: every (request, page range) of part tile / groups, heads of group tile % groups.
+__device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, char* smem_base) {
+  using Cfg = SplitKvConfig;
+  using namespace detail_splitkv;
+  if (device::step_flagged(p.error_flag)) return;
+  const int groups = head_groups(p.num_heads);
+  const int part = tile / groups, group = tile % groups;
+  const std::int32_t* meta = p.sched_meta + part * kMlaMetaInts;
+  const int begin_req = meta[kMetaBeginReq];
+  if (begin_req < 0) return;
+  const int end_req = meta[kMetaEndReq];
+
+  SplitKvSmem sm(smem_base);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;  // scores in log2 units, fp32
+
+  for (int req = begin_req; req <= end_req; ++req) {
+    const int len = p.seq_lens[req];
+    const int page_begin = req == begin_req ? meta[kMetaBeginPage] : 0;
+    const int page_end_plan = req == end_req ? meta[kMetaEndPage] : plan_pages(len, 1 << 30);
+    const int split_idx = req == begin_req ? meta[kMetaBeginSplit] : 0;
+    const int split_base = p.num_splits[req];
+    const bool is_split = p.num_splits[req + 1] - split_base > 1;
+    // Pages that hold at least one token (a zero-length request has none).
+    const int token_end = min(len, page_end_plan * kMlaPageTokens);
+    const int num_pages = max((token_end + kMlaPageTokens - 1) / kMlaPageTokens - page_begin, 0);
+
+    __syncthreads();  // previous request's readers of q / stats are done
+    if (threadIdx.x < Cfg::kRows) {
+      sm.row_max[threadIdx.x] = -INFINITY;
+      sm.row_sum[threadIdx.x] = 0.f;
+    }
+    load_q(p, req, group, sm.q);
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      if (s < num_pages) {
+        const int pg = page_begin + s;
+        load_page(p, req, pg, min(token_end - pg * kMlaPageTokens, kMlaPageTokens),
+                  sm.page + s * kMlaPageTokens * Cfg::kRowStride);
+      }
+      device::cp_async_commit();
+    }
+
+    float acc[2][8][4];  // [m-tile][n-tile of 8 columns][fragment]
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+
+    for (int i = 0; i < num_pages; ++i) {
+      const int pg = page_begin + i;
+      const int valid_tokens = min(token_end - pg * kMlaPageTokens, kMlaPageTokens);
+      const __nv_bfloat16* kv = sm.page + (i % Cfg::kStages) * kMlaPageTokens * Cfg::kRowStride;
+      device::cp_async_wait<Cfg::kStages - 1>();
+      __syncthreads();
+
+      // ---- scores: 16 rows x 16 tokens per warp over k = 576
+      {
+        const int mt = warp % 2, tg = warp / 2;
+        float s_acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        const __nv_bfloat16* a_ptr = sm.q + (mt * 16 + lane % 16) * Cfg::kRowStride + (lane / 16) * 8;
+        const int mat = lane / 8;
+        const __nv_bfloat16* b_ptr = kv + (tg * 16 + (mat / 2) * 8 + lane % 8) * Cfg::kRowStride + (mat % 2) * 8;
+#pragma unroll 4
+        for (int k = 0; k < kMlaRowDim; k += 16) {
+          std::uint32_t a[4], b[4];
+          device::ldmatrix_x4(a, a_ptr + k);
+          device::ldmatrix_x4(b, b_ptr + k);
+          device::mma_bf16_16816(s_acc[0], a, b[0], b[1]);
+          device::mma_bf16_16816(s_acc[1], a, b[2], b[3]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int row = mt * 16 + lane / 4, col = tg * 16 + nt * 8 + (lane % 4) * 2;
+          *reinterpret_cast<float2*>(sm.scores + row * Cfg::kScoreStride + col) = make_float2(s_acc[nt][0], s_acc[nt][1]);
+          *reinterpret_cast<float2*>(sm.scores + (row + 8) * Cfg::kScoreStride + col) =
+              make_float2(s_acc[nt][2], s_acc[nt][3]);
+        }
+      }
+      __syncthreads();
+
+      // ---- online softmax: 8 threads per row, 8 tokens each
+      {
+        const int row = threadIdx.x / 8, sub = threadIdx.x % 8;
+        float s[8];
+        float page_max = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int t = sub * 8 + j;
+          s[j] = t < valid_tokens ? sm.scores[row * Cfg::kScoreStride + t] * scale_log2 : -INFINITY;
+          page_max = fmaxf(page_max, s[j]);
+        }
+        const float old_max = sm.row_max[row];
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) page_max = fmaxf(page_max, __shfl_xor_sync(0xffffffffu, page_max, o));
+        const float new_max = fmaxf(old_max, page_max);  // finite: every page holds a valid token
+        float sum = 0.f;
+        std::uint32_t packed[4];
+#pragma unroll
+        for (int j = 0; j < 8; j += 2) {
+          const float p0 = exp2f(s[j] - new_max), p1 = exp2f(s[j + 1] - new_max);
+          sum += p0 + p1;  // fp32 sum: keeps the LSE exact to fp32 (P itself goes to bf16)
+          const __nv_bfloat162 pr = __floats2bfloat162_rn(p0, p1);
+          packed[j / 2] = *reinterpret_cast<const std::uint32_t*>(&pr);
+        }
+        *reinterpret_cast<uint4*>(sm.probs + row * Cfg::kProbStride + sub * 8) =
+            make_uint4(packed[0], packed[1], packed[2], packed[3]);
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (sub == 0) {
+          const float alpha = exp2f(old_max - new_max);  // 0 on the first page
+          sm.row_alpha[row] = alpha;
+          sm.row_sum[row] = sm.row_sum[row] * alpha + sum;
+          sm.row_max[row] = new_max;
+        }
+      }
+      __syncthreads();
+
+      // ---- O = alpha O + P V: 32 rows x 64 columns per warp, k = 64 tokens
+      {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          const float a_lo = sm.row_alpha[mt * 16 + lane / 4], a_hi = sm.row_alpha[mt * 16 + lane / 4 + 8];
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) {
+            acc[mt][nt][0] *= a_lo;
+            acc[mt][nt][1] *= a_lo;
+            acc[mt][nt][2] *= a_hi;
+            acc[mt][nt][3] *= a_hi;
+          }
+        }
+        const int mat = lane / 8;
+#pragma unroll
+        for (int ks = 0; ks < kMlaPageTokens / 16; ++ks) {
+          std::uint32_t a[2][4];
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+            device::ldmatrix_x4(a[mt], sm.probs + (mt * 16 + lane % 16) * Cfg::kProbStride + ks * 16 + (lane / 16) * 8);
+#pragma unroll
+          for (int np = 0; np < 4; ++np) {
+            std::uint32_t b[4];
+            const int token = ks * 16 + (mat % 2) * 8 + lane % 8;
+            const int col = warp * 64 + np * 16 + (mat / 2) * 8;
+            device::ldmatrix_x4_trans(b, kv + token * Cfg::kRowStride + col);
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              device::mma_bf16_16816(acc[mt][2 * np], a[mt], b[0], b[1]);
+              device::mma_bf16_16816(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+            }
+          }
+        }
+      }
+      __syncthreads();  // stage, scores and probs free again
+
+      if (i + Cfg::kStages < num_pages) {
+        const int next = pg + Cfg::kStages;
+        load_page(p, req, next, min(token_end - next * kMlaPageTokens, kMlaPageTokens),
+                  sm.page + (i % Cfg::kStages) * kMlaPageTokens * Cfg::kRowStride);
+      }
+      device::cp_async_commit();
+    }
+    device::cp_async_wait<0>();  // no copy may outlive the request (Q of a page-less request)
+    __syncthreads();
+
+    // ---- epilogue: O / l and the LSE (natural log) of each row, final or partial slot
+    const int slot = split_base + split_idx;
+    float* o_base = is_split ? p.partial_o + std::int64_t(slot) * p.num_heads * kMlaLatentDim
+                             : p.o_lat + std::int64_t(req) * p.num_heads * kMlaLatentDim;
+    float* lse_base = is_split ? p.partial_lse + std::int64_t(slot) * p.num_heads : p.lse + std::int64_t(req) * p.num_heads;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = mt * 16 + lane / 4 + half * 8;
+        const int head = group * Cfg::kRows + row;
+        if (head >= p.num_heads) continue;
+        const float l = sm.row_sum[row];
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        float* o_row = o_base + std::int64_t(head) * kMlaLatentDim + warp * 64 + (lane % 4) * 2;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+          *reinterpret_cast<float2*>(o_row + nt * 8) =
+              make_float2(acc[mt][nt][2 * half] * inv, acc[mt][nt][2 * half + 1] * inv);
+      }
+    if (threadIdx.x < Cfg::kRows) {
+      const int row = threadIdx.x, head = group * Cfg::kRows + row;
+      if (head < p.num_heads) {
+        const float l = sm.row_sum[row];
+        // Empty rows: +inf as a final LSE (spec §9), -inf as a partial one (weight 0 in the combine).
+        const float lse = l > 0.f ? (sm.row_max[row] + log2f(l)) * 0.6931471805599453f : (is_split ? -INFINITY : INFINITY);
+        lse_base[head] = lse;
+      }
+    }
+  }
+}
+
+}  // namespace encore::ops::mla

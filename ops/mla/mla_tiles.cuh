@@ -1,0 +1,277 @@
+// Device bodies of the small MLA stages: scheduler, cache append, q absorption, combine, V up.
+// Every body runs with kBlockThreads threads and takes its shared memory from `smem`.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <cub/block/block_reduce.cuh>
+
+#include <encore/ops/mla.h>
+
+#include "common/launch.cuh"
+#include "mla/mla_device.cuh"
+#include "mla/mla_plan.h"
+
+namespace encore::ops::mla {
+
+// ---- scheduler (one tile) --------------------------------------------------------------------
+// Validates the device-resident lengths, positions and page ids, then runs the plan walk.
+inline std::size_t mla_sched_smem_bytes(int num_seqs) { return std::size_t(num_seqs) * sizeof(int) + 64; }
+
+__device__ inline void mla_sched_tile(const MlaSchedParams& p, int /*tile*/, char* smem) {
+  int* pages = reinterpret_cast<int*>(smem);  // [num_seqs]
+  __shared__ int flag;
+  __shared__ long long total_cost;
+  if (threadIdx.x == 0) {
+    flag = 0;
+    total_cost = 0;
+  }
+  __syncthreads();
+  const int capacity = p.cache.max_pages_per_seq * kMlaPageTokens;
+  int my_flag = 0;
+  long long my_cost = 0;
+  for (int b = threadIdx.x; b < p.num_seqs; b += kBlockThreads) {
+    const int len = p.seq_lens[b];
+    if (len < 0 || len > capacity) my_flag |= kMlaErrorLength;
+    if (p.positions != nullptr && len > 0 && p.positions[b] != len - 1) my_flag |= kMlaErrorPosition;
+    pages[b] = plan_pages(len, capacity);
+    my_cost += pages[b] + p.fixed_overhead;
+  }
+  // Page ids in use: one warp per request, lanes over its pages.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int b = warp; b < p.num_seqs; b += kWarpsPerBlock) {
+    const int len = min(max(p.seq_lens[b], 0), capacity);
+    const int used = (len + kMlaPageTokens - 1) / kMlaPageTokens;
+    const std::int32_t* row = p.cache.block_table + std::int64_t(b) * p.cache.block_table_stride;
+#pragma unroll 4
+    for (int j = lane; j < used; j += 32) {
+      const std::int32_t id = row[j];
+      if (id < 0 || id >= p.cache.num_pages) my_flag |= kMlaErrorPageId;
+    }
+  }
+  using Reduce = cub::BlockReduce<long long, kBlockThreads>;
+  __shared__ typename Reduce::TempStorage reduce_storage;
+  const long long cost = Reduce(reduce_storage).Sum(my_cost);
+  if (my_flag) atomicOr(&flag, my_flag);  // integer OR: order-free, deterministic
+  if (threadIdx.x == 0) total_cost = cost;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    plan_walk(p.num_seqs, p.num_parts, p.fixed_overhead, total_cost, [&](int b) { return pages[b]; }, p.sched_meta,
+              p.num_splits);
+    *p.error_flag = flag;
+  }
+}
+
+// ---- cache append (tile = request) -------------------------------------------------------------
+__device__ inline void mla_kv_append_tile(const MlaKvAppendParams& p, int tile, char* /*smem*/) {
+  if (device::step_flagged(p.error_flag)) return;
+  const int req = tile;
+  const int len = p.seq_lens[req];
+  if (len <= 0) return;  // pad row
+  const int pos = p.positions[req];
+  // Re-checked here so that a body run without a clean scheduler still never writes out of range.
+  if (pos < 0 || pos >= p.cache.max_pages_per_seq * kMlaPageTokens) return;
+  const std::int32_t page_id = p.cache.block_table[std::int64_t(req) * p.cache.block_table_stride + pos / kMlaPageTokens];
+  if (page_id < 0 || page_id >= p.cache.num_pages) return;
+  __nv_bfloat16* row = p.cache.pages + (std::int64_t(page_id) * kMlaPageTokens + pos % kMlaPageTokens) * kMlaRowDim;
+  const float* in = p.kv_a + std::int64_t(req) * p.kv_a_stride;
+
+  const float2 c = *reinterpret_cast<const float2*>(in + 2 * threadIdx.x);  // 256 threads x 2 = 512
+  using Reduce = cub::BlockReduce<float, kBlockThreads>;
+  __shared__ typename Reduce::TempStorage reduce_storage;
+  __shared__ float inv_rms;
+  const float sumsq = Reduce(reduce_storage).Sum(c.x * c.x + c.y * c.y);
+  if (threadIdx.x == 0) inv_rms = 1.f / sqrtf(sumsq / kMlaLatentDim + p.eps);
+  __syncthreads();
+  const float2 w = *reinterpret_cast<const float2*>(p.norm_weight + 2 * threadIdx.x);
+  reinterpret_cast<std::uint32_t*>(row)[threadIdx.x] = device::pack_bf16x2(c.x * inv_rms * w.x, c.y * inv_rms * w.y);
+  if (threadIdx.x < kMlaRopeDim / 2) {
+    const int i = threadIdx.x;
+    const float2 r = device::rope_pair(p.rope, pos, i, in[kMlaLatentDim + 2 * i], in[kMlaLatentDim + 2 * i + 1]);
+    reinterpret_cast<std::uint32_t*>(row + kMlaLatentDim)[i] = device::pack_bf16x2(r.x, r.y);
+  }
+}
+
+// ---- q absorption (tile = (head, 128 latent columns)) --------------------------------------------
+struct QAbsorbConfig {
+  static constexpr int kCols = 128;       // latent columns per tile
+  static constexpr int kGroups = kMlaLatentDim / kCols;
+  static constexpr int kTokenChunk = 32;  // tokens staged in shared memory at a time
+};
+inline std::size_t mla_q_absorb_smem_bytes() {
+  return std::size_t(kMlaNopeDim) * QAbsorbConfig::kCols * sizeof(__nv_bfloat16) +
+         std::size_t(QAbsorbConfig::kTokenChunk) * kMlaNopeDim * sizeof(float);
+}
+
+__device__ inline void mla_q_absorb_tile(const MlaQAbsorbParams& p, int tile, char* smem) {
+  using Cfg = QAbsorbConfig;
+  const int head = tile / Cfg::kGroups, col_group = tile % Cfg::kGroups;
+  __nv_bfloat16* w_s = reinterpret_cast<__nv_bfloat16*>(smem);                              // [128][128]
+  float* q_s = reinterpret_cast<float*>(smem + kMlaNopeDim * Cfg::kCols * sizeof(__nv_bfloat16));  // [chunk][128]
+  // W_UK[head][i][col_group*128 ...]: rows of 256 bytes.
+  const __nv_bfloat16* w_uk = p.kv_b + std::int64_t(head) * kMlaKvbRowsPerHead * kMlaLatentDim + col_group * Cfg::kCols;
+  for (int c = threadIdx.x; c < kMlaNopeDim * Cfg::kCols / 8; c += kBlockThreads) {
+    const int i = c / (Cfg::kCols / 8), chunk = c % (Cfg::kCols / 8);
+    *reinterpret_cast<uint4*>(w_s + i * Cfg::kCols + chunk * 8) =
+        *reinterpret_cast<const uint4*>(w_uk + std::int64_t(i) * kMlaLatentDim + chunk * 8);
+  }
+  const int col = threadIdx.x % Cfg::kCols, half = threadIdx.x / Cfg::kCols;
+  for (int n0 = 0; n0 < p.num_seqs; n0 += Cfg::kTokenChunk) {
+    const int chunk_tokens = min(Cfg::kTokenChunk, p.num_seqs - n0);
+    __syncthreads();  // w_s written / previous chunk consumed
+    for (int c = threadIdx.x; c < chunk_tokens * kMlaNopeDim / 4; c += kBlockThreads) {
+      const int t = c / (kMlaNopeDim / 4), k4 = c % (kMlaNopeDim / 4);
+      *reinterpret_cast<float4*>(q_s + t * kMlaNopeDim + 4 * k4) = *reinterpret_cast<const float4*>(
+          p.q + std::int64_t(n0 + t) * p.q_stride + std::int64_t(head) * kMlaQHeadDim + 4 * k4);
+    }
+    __syncthreads();
+    // Thread (col, half) computes tokens half*16 .. +15 of the chunk, four at a time.
+    for (int t0 = half * (Cfg::kTokenChunk / 2); t0 < min(chunk_tokens, (half + 1) * (Cfg::kTokenChunk / 2)); t0 += 4) {
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 8
+      for (int i = 0; i < kMlaNopeDim; ++i) {
+        const float w = __bfloat162float(w_s[i * Cfg::kCols + col]);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) acc[u] += q_s[min(t0 + u, Cfg::kTokenChunk - 1) * kMlaNopeDim + i] * w;
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (t0 + u < chunk_tokens)
+          p.q576[(std::int64_t(n0 + t0 + u) * p.num_heads + head) * kMlaRowDim + col_group * Cfg::kCols + col] =
+              __float2bfloat16_rn(acc[u]);
+    }
+  }
+  // The rope part of every token: by the tiles of column group 0.
+  if (col_group == 0) {
+    for (int c = threadIdx.x; c < p.num_seqs * (kMlaRopeDim / 2); c += kBlockThreads) {
+      const int n = c / (kMlaRopeDim / 2), i = c % (kMlaRopeDim / 2);
+      const float* q_pe = p.q + std::int64_t(n) * p.q_stride + std::int64_t(head) * kMlaQHeadDim + kMlaNopeDim;
+      const float2 r = device::rope_pair(p.rope, p.positions[n], i, q_pe[2 * i], q_pe[2 * i + 1]);
+      reinterpret_cast<std::uint32_t*>(p.q576 + (std::int64_t(n) * p.num_heads + head) * kMlaRowDim + kMlaLatentDim)[i] =
+          device::pack_bf16x2(r.x, r.y);
+    }
+  }
+}
+
+// ---- combine (tile = (request, head, 128-column quarter)) ----------------------------------------
+struct CombineConfig {
+  static constexpr int kCols = 128;
+  static constexpr int kQuarters = kMlaLatentDim / kCols;
+};
+inline std::size_t mla_combine_smem_bytes(int num_parts) {
+  return (std::size_t(num_parts) + 1) * sizeof(float) + std::size_t(kWarpsPerBlock) * CombineConfig::kCols * sizeof(float) + 16;
+}
+
+__device__ inline void mla_combine_tile(const MlaAttentionParams& p, int tile, char* smem) {
+  using Cfg = CombineConfig;
+  if (device::step_flagged(p.error_flag)) return;
+  const int quarter = tile % Cfg::kQuarters;
+  const int head = (tile / Cfg::kQuarters) % p.num_heads;
+  const int req = tile / Cfg::kQuarters / p.num_heads;
+  const int first = p.num_splits[req];
+  const int splits = p.num_splits[req + 1] - first;
+  if (splits <= 1) return;  // written final by the split-KV tile
+  float* red = reinterpret_cast<float*>(smem);                   // [8 warps][128]
+  float* weight = red + kWarpsPerBlock * Cfg::kCols;             // [splits]
+  __shared__ float lse_total;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp == 0) {
+    // m = max lse_i (0 if all -inf); L = sum exp(lse_i - m); lse = m + log L; w_i = exp(lse_i - lse).
+    float m = -INFINITY;
+    for (int i = lane; i < splits; i += 32) m = fmaxf(m, p.partial_lse[std::int64_t(first + i) * p.num_heads + head]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (m == -INFINITY) m = 0.f;
+    float sum = 0.f;
+    for (int i = lane; i < splits; i += 32) sum += expf(p.partial_lse[std::int64_t(first + i) * p.num_heads + head] - m);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float lse = sum > 0.f ? m + logf(sum) : INFINITY;
+    for (int i = lane; i < splits; i += 32)
+      weight[i] = sum > 0.f ? expf(p.partial_lse[std::int64_t(first + i) * p.num_heads + head] - lse) : 0.f;
+    if (lane == 0) lse_total = lse;
+  }
+  __syncthreads();
+  // Warp w sums splits w, w+8, ...; the eight partial sums are then added in warp order.
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int col = quarter * Cfg::kCols + lane * 4;
+  for (int i = warp; i < splits; i += kWarpsPerBlock) {
+    const float w = weight[i];
+    const float4 o = *reinterpret_cast<const float4*>(p.partial_o + (std::int64_t(first + i) * p.num_heads + head) * kMlaLatentDim + col);
+    acc.x += w * o.x;
+    acc.y += w * o.y;
+    acc.z += w * o.z;
+    acc.w += w * o.w;
+  }
+  *reinterpret_cast<float4*>(red + warp * Cfg::kCols + lane * 4) = acc;
+  __syncthreads();
+  if (warp == 0) {
+    float4 total = *reinterpret_cast<const float4*>(red + lane * 4);
+    for (int w = 1; w < kWarpsPerBlock; ++w) {
+      const float4 v = *reinterpret_cast<const float4*>(red + w * Cfg::kCols + lane * 4);
+      total.x += v.x;
+      total.y += v.y;
+      total.z += v.z;
+      total.w += v.w;
+    }
+    *reinterpret_cast<float4*>(p.o_lat + (std::int64_t(req) * p.num_heads + head) * kMlaLatentDim + col) = total;
+    if (quarter == 0 && lane == 0) p.lse[std::int64_t(req) * p.num_heads + head] = lse_total;
+  }
+  __syncthreads();  // smem reused by the next tile of a grid-stride loop
+}
+
+// ---- V up-projection (tile = (head, 32 output rows)) ---------------------------------------------
+struct VUpConfig {
+  static constexpr int kRows = 32;
+  static constexpr int kGroups = kMlaVHeadDim / kRows;
+  static constexpr int kRowsPerWarp = kRows / kWarpsPerBlock;  // 4
+};
+
+__device__ inline void mla_v_up_tile(const MlaVUpParams& p, int tile, char* /*smem*/) {
+  using Cfg = VUpConfig;
+  const int head = tile / Cfg::kGroups, group = tile % Cfg::kGroups;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row0 = group * Cfg::kRows + warp * Cfg::kRowsPerWarp;
+  // Lane holds columns lane*8..+7 and 256+lane*8..+7 of its warp's 4 rows of W_UV[head].
+  uint4 w[Cfg::kRowsPerWarp][2];
+  const __nv_bfloat16* w_uv = p.kv_b + (std::int64_t(head) * kMlaKvbRowsPerHead + kMlaNopeDim + row0) * kMlaLatentDim;
+#pragma unroll
+  for (int r = 0; r < Cfg::kRowsPerWarp; ++r)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      w[r][h] = *reinterpret_cast<const uint4*>(w_uv + std::int64_t(r) * kMlaLatentDim + h * 256 + lane * 8);
+  encore::device::wait_for_upstream();  // o_lat comes from the combine
+  for (int n = 0; n < p.num_seqs; ++n) {
+    const float* o = p.o_lat + (std::int64_t(n) * p.num_heads + head) * kMlaLatentDim;
+    float x[2][8];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float4 lo = *reinterpret_cast<const float4*>(o + h * 256 + lane * 8);
+      const float4 hi = *reinterpret_cast<const float4*>(o + h * 256 + lane * 8 + 4);
+      x[h][0] = lo.x, x[h][1] = lo.y, x[h][2] = lo.z, x[h][3] = lo.w;
+      x[h][4] = hi.x, x[h][5] = hi.y, x[h][6] = hi.z, x[h][7] = hi.w;
+    }
+    float dot[Cfg::kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < Cfg::kRowsPerWarp; ++r) {
+      dot[r] = 0.f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const __nv_bfloat162* wv = reinterpret_cast<const __nv_bfloat162*>(&w[r][h]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = __bfloat1622float2(wv[e]);
+          dot[r] += f.x * x[h][2 * e] + f.y * x[h][2 * e + 1];
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) dot[r] += __shfl_xor_sync(0xffffffffu, dot[r], o);
+    }
+    if (lane == 0)
+      *reinterpret_cast<float4*>(p.out + std::int64_t(n) * p.num_heads * kMlaVHeadDim + head * kMlaVHeadDim + row0) =
+          make_float4(dot[0], dot[1], dot[2], dot[3]);
+  }
+}
+
+}  // namespace encore::ops::mla

@@ -1,0 +1,171 @@
+// Host-side validation of every MLA launcher's params: nothing is launched unless these pass.
+#include <cmath>
+
+#include <encore/ops/mla.h>
+
+#include "common/cuda_check.h"
+
+namespace encore::ops {
+namespace {
+
+bool heads_supported(int h) { return h == 8 || h == 16 || h == 32 || h == 64 || h == 128; }
+
+Status check_heads(int num_heads, const char* op) {
+  ENCORE_REQUIRE(heads_supported(num_heads), StatusCode::kUnsupported, op, ": num_heads must be 8, 16, 32, 64 or 128 (got ",
+                 num_heads, ")");
+  return {};
+}
+
+Status check_seqs(int num_seqs, const char* op) {
+  ENCORE_REQUIRE(num_seqs >= 1 && num_seqs <= kMlaMaxSeqs, StatusCode::kInvalidArgument, op, ": num_seqs must be in [1, ",
+                 kMlaMaxSeqs, "] (got ", num_seqs, ")");
+  return {};
+}
+
+// Host-visible capacities of the paged cache and its block table.
+Status check_cache(const MlaPagedCache& c, bool need_pages, const char* op) {
+  if (need_pages) ENCORE_RETURN_IF_ERROR(detail::check_pointer(c.pages, 16, "mla cache.pages"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(c.block_table, 4, "mla cache.block_table"));
+  ENCORE_REQUIRE(c.num_pages >= 1, StatusCode::kInvalidArgument, op, ": cache.num_pages must be >= 1 (got ", c.num_pages, ")");
+  ENCORE_REQUIRE(c.max_pages_per_seq >= 1 && c.max_pages_per_seq <= (1 << 24), StatusCode::kInvalidArgument, op,
+                 ": cache.max_pages_per_seq must be in [1, 2^24] (got ", c.max_pages_per_seq, ")");
+  ENCORE_REQUIRE(c.block_table_stride >= c.max_pages_per_seq, StatusCode::kOutOfRange, op,
+                 ": cache.max_pages_per_seq (", c.max_pages_per_seq, ") exceeds the block table's row (",
+                 c.block_table_stride, " entries)");
+  return {};
+}
+
+Status check_rope(const MlaRope& r, const char* op) {
+  ENCORE_REQUIRE(r.mode == MlaRopeMode::kNone || r.mode == MlaRopeMode::kDeepSeekYarn, StatusCode::kInvalidArgument, op,
+                 ": unknown rope mode ", int(r.mode));
+  if (r.mode == MlaRopeMode::kDeepSeekYarn)
+    ENCORE_REQUIRE(r.theta > 1.f && r.yarn_factor >= 1.f && r.yarn_original_max_pos > 0 && r.beta_fast > r.beta_slow &&
+                       r.beta_slow > 0.f,
+                   StatusCode::kInvalidArgument, op, ": rope parameters out of range");
+  return {};
+}
+
+std::size_t pool_bytes(const MlaPagedCache& c) { return std::size_t(c.num_pages) * kMlaPageTokens * kMlaRowDim * 2; }
+
+}  // namespace
+
+Status mla_validate(const MlaSchedParams& p) {
+  constexpr const char* op = "mla_sched";
+  ENCORE_RETURN_IF_ERROR(check_seqs(p.num_seqs, op));
+  ENCORE_RETURN_IF_ERROR(check_cache(p.cache, false, op));
+  ENCORE_REQUIRE(p.num_parts >= 1 && p.num_parts <= 4096, StatusCode::kInvalidArgument, op,
+                 ": num_parts must be in [1, 4096] (got ", p.num_parts, ")");
+  ENCORE_REQUIRE(p.fixed_overhead >= 0 && p.fixed_overhead <= 4096, StatusCode::kInvalidArgument, op,
+                 ": fixed_overhead must be in [0, 4096] (got ", p.fixed_overhead, ")");
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.seq_lens, 4, "mla_sched: seq_lens"));
+  if (p.positions) ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.positions, 4, "mla_sched: positions"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.sched_meta, 16, "mla_sched: sched_meta"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.num_splits, 4, "mla_sched: num_splits"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.error_flag, 4, "mla_sched: error_flag"));
+  const std::size_t meta_bytes = std::size_t(p.num_parts) * kMlaMetaInts * 4, splits_bytes = (std::size_t(p.num_seqs) + 1) * 4;
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.sched_meta, meta_bytes, "sched_meta", p.num_splits, splits_bytes, "num_splits"));
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.sched_meta, meta_bytes, "sched_meta", p.error_flag, 4, "error_flag"));
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.num_splits, splits_bytes, "num_splits", p.error_flag, 4, "error_flag"));
+  return {};
+}
+
+Status mla_validate(const MlaKvAppendParams& p) {
+  constexpr const char* op = "mla_kv_append";
+  ENCORE_RETURN_IF_ERROR(check_seqs(p.num_seqs, op));
+  ENCORE_RETURN_IF_ERROR(check_cache(p.cache, true, op));
+  ENCORE_RETURN_IF_ERROR(check_rope(p.rope, op));
+  ENCORE_REQUIRE(p.kv_a_stride >= kMlaRowDim && p.kv_a_stride % 4 == 0, StatusCode::kInvalidArgument, op,
+                 ": kv_a_stride must be >= 576 and a multiple of 4 (got ", p.kv_a_stride, ")");
+  ENCORE_REQUIRE(std::isfinite(p.eps) && p.eps > 0.f, StatusCode::kInvalidArgument, op, ": eps must be > 0");
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.kv_a, 16, "mla_kv_append: kv_a"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.norm_weight, 16, "mla_kv_append: norm_weight"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.positions, 4, "mla_kv_append: positions"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.seq_lens, 4, "mla_kv_append: seq_lens"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.error_flag, 4, "mla_kv_append: error_flag"));
+  const std::size_t kv_bytes = std::size_t(p.num_seqs) * p.kv_a_stride * 4;
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.cache.pages, pool_bytes(p.cache), "cache.pages", p.kv_a, kv_bytes, "kv_a"));
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.cache.pages, pool_bytes(p.cache), "cache.pages", p.norm_weight,
+                                                  kMlaLatentDim * 4, "norm_weight"));
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.cache.pages, pool_bytes(p.cache), "cache.pages", p.cache.block_table,
+                                                  std::size_t(p.num_seqs) * p.cache.block_table_stride * 4, "block_table"));
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.cache.pages, pool_bytes(p.cache), "cache.pages", p.positions,
+                                                  std::size_t(p.num_seqs) * 4, "positions"));
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.cache.pages, pool_bytes(p.cache), "cache.pages", p.seq_lens,
+                                                  std::size_t(p.num_seqs) * 4, "seq_lens"));
+  return {};
+}
+
+Status mla_validate(const MlaQAbsorbParams& p) {
+  constexpr const char* op = "mla_q_absorb";
+  ENCORE_RETURN_IF_ERROR(check_seqs(p.num_seqs, op));
+  ENCORE_RETURN_IF_ERROR(check_heads(p.num_heads, op));
+  ENCORE_RETURN_IF_ERROR(check_rope(p.rope, op));
+  ENCORE_REQUIRE(p.q_stride >= std::int64_t(p.num_heads) * kMlaQHeadDim && p.q_stride % 4 == 0, StatusCode::kInvalidArgument,
+                 op, ": q_stride must be >= num_heads * 192 and a multiple of 4 (got ", p.q_stride, ")");
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.q, 16, "mla_q_absorb: q"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.kv_b, 16, "mla_q_absorb: kv_b"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.positions, 4, "mla_q_absorb: positions"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.q576, 16, "mla_q_absorb: q576"));
+  const std::size_t out_bytes = std::size_t(p.num_seqs) * p.num_heads * kMlaRowDim * 2;
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.q576, out_bytes, "q576", p.q, std::size_t(p.num_seqs) * p.q_stride * 4, "q"));
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.q576, out_bytes, "q576", p.kv_b,
+                                                  std::size_t(p.num_heads) * kMlaKvbRowsPerHead * kMlaLatentDim * 2, "kv_b"));
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.q576, out_bytes, "q576", p.positions, std::size_t(p.num_seqs) * 4, "positions"));
+  return {};
+}
+
+Status mla_validate(const MlaAttentionParams& p) {
+  constexpr const char* op = "mla_attention";
+  ENCORE_RETURN_IF_ERROR(check_seqs(p.num_seqs, op));
+  ENCORE_RETURN_IF_ERROR(check_heads(p.num_heads, op));
+  ENCORE_RETURN_IF_ERROR(check_cache(p.cache, true, op));
+  ENCORE_REQUIRE(p.num_parts >= 1 && p.num_parts <= 4096, StatusCode::kInvalidArgument, op,
+                 ": num_parts must be in [1, 4096] (got ", p.num_parts, ")");
+  ENCORE_REQUIRE(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.f, StatusCode::kInvalidArgument, op,
+                 ": softmax_scale must be finite and > 0");
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.q576, 16, "mla_attention: q576"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.seq_lens, 4, "mla_attention: seq_lens"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.sched_meta, 16, "mla_attention: sched_meta"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.num_splits, 4, "mla_attention: num_splits"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.error_flag, 4, "mla_attention: error_flag"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.o_lat, 16, "mla_attention: o_lat"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.lse, 4, "mla_attention: lse"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.partial_o, 16, "mla_attention: partial_o"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.partial_lse, 4, "mla_attention: partial_lse"));
+  const std::size_t rows = std::size_t(p.num_seqs) * p.num_heads, slots = std::size_t(p.num_seqs + p.num_parts) * p.num_heads;
+  struct Region { const void* ptr; std::size_t bytes; const char* name; };
+  const Region outputs[] = {{p.o_lat, rows * kMlaLatentDim * 4, "o_lat"},
+                            {p.lse, rows * 4, "lse"},
+                            {p.partial_o, slots * kMlaLatentDim * 4, "partial_o"},
+                            {p.partial_lse, slots * 4, "partial_lse"}};
+  const Region inputs[] = {{p.q576, rows * kMlaRowDim * 2, "q576"},
+                           {p.cache.pages, pool_bytes(p.cache), "cache.pages"},
+                           {p.seq_lens, std::size_t(p.num_seqs) * 4, "seq_lens"},
+                           {p.sched_meta, std::size_t(p.num_parts) * kMlaMetaInts * 4, "sched_meta"},
+                           {p.num_splits, std::size_t(p.num_seqs + 1) * 4, "num_splits"}};
+  for (int i = 0; i < 4; ++i) {
+    for (int j = i + 1; j < 4; ++j)
+      ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(outputs[i].ptr, outputs[i].bytes, outputs[i].name, outputs[j].ptr,
+                                                      outputs[j].bytes, outputs[j].name));
+    for (const Region& in : inputs)
+      ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(outputs[i].ptr, outputs[i].bytes, outputs[i].name, in.ptr, in.bytes, in.name));
+  }
+  return {};
+}
+
+Status mla_validate(const MlaVUpParams& p) {
+  constexpr const char* op = "mla_v_up";
+  ENCORE_RETURN_IF_ERROR(check_seqs(p.num_seqs, op));
+  ENCORE_RETURN_IF_ERROR(check_heads(p.num_heads, op));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.o_lat, 16, "mla_v_up: o_lat"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.kv_b, 16, "mla_v_up: kv_b"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.out, 16, "mla_v_up: out"));
+  const std::size_t out_bytes = std::size_t(p.num_seqs) * p.num_heads * kMlaVHeadDim * 4;
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.out, out_bytes, "out", p.o_lat,
+                                                  std::size_t(p.num_seqs) * p.num_heads * kMlaLatentDim * 4, "o_lat"));
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.out, out_bytes, "out", p.kv_b,
+                                                  std::size_t(p.num_heads) * kMlaKvbRowsPerHead * kMlaLatentDim * 2, "kv_b"));
+  return {};
+}
+
+}  // namespace encore::ops

@@ -1,0 +1,1 @@
+encore_add_test(encore_test_mla ${CMAKE_CURRENT_LIST_DIR}/test_mla_cpu.cpp)
