@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -330,6 +331,11 @@ TEST(KdaGpu, BadSlotIdsLeaveStatesUntouched) {
     dev.y.poison();
     const Status st = ops::kda(params, nullptr);
     EXPECT_FALSE(st.ok());
+    for (float v : dev.y.download()) {
+      std::uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      ASSERT_EQ(bits, 0xffffffffu) << "the launcher refused, yet y was written";
+    }
     // (b) device check: launched, flagged, nothing written.
     params.host_slot_ids = nullptr;
     params.error_flag = dev.error_flag.get();

@@ -1,0 +1,252 @@
+// KDA decode step, Kimi-Linear dims (H = 32, K = V = 128, gate rank 128), graph-replayed with the
+// state pools rotated beyond L2 (cold state, as in the real model). Bytes per step (spec §7):
+// recurrent state read + write, conv state read + write, proj row in, y out; % of the measured
+// copy bandwidth (read + write roof).
+//   BM_KdaFused          the op (one kernel), no device slot check (caller-validated ids)
+//   BM_KdaFusedChecked   the op with error_flag: slot-check kernel + the op
+//   BM_KdaUnfused        conv kernel -> gates + recurrence kernel -> gated-norm kernel, same math
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include <encore/ops/kda.h>
+
+#include "bench_util.h"
+#include "kda/kda_tile.cuh"
+
+namespace encore::bench {
+namespace {
+
+constexpr int kHeads = 32, kHeadDim = 128, kRank = 128;
+
+std::uint16_t bf16_bits(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return std::uint16_t(u >> 16);
+}
+
+struct KdaBenchSetup {
+  int batch, copies, num_slots;
+  std::unique_ptr<DeviceMemory> weights, pools, step;
+  ops::KdaParams params;
+  int* slot_table;  // [copies][batch]: call i uses row i % copies (disjoint slots per row)
+  float *qkv_ws, *o_ws, *gate_ws;  // unfused chain intermediates
+
+  static std::size_t state_bytes_per_seq() {
+    return 4 * (ops::kda_recurrent_state_floats_per_slot(kHeads, kHeadDim) +
+                ops::kda_conv_state_floats_per_slot(kHeads, kHeadDim));
+  }
+  double bytes_per_step() const {
+    const double P = double(kHeads) * kHeadDim;
+    return batch * (2.0 * state_bytes_per_seq() + 4.0 * (ops::kda_proj_width(params) + P));
+  }
+
+  explicit KdaBenchSetup(int b) : batch(b) {
+    copies = rotation_count(std::size_t(batch) * state_bytes_per_seq());
+    num_slots = batch * copies;
+    ops::KdaParams& p = params;
+    p.batch = batch, p.num_heads = kHeads, p.head_dim = kHeadDim, p.gate_rank = kRank, p.num_slots = num_slots;
+    p.proj_stride = (ops::kda_proj_width(p) + 3) / 4 * 4;
+    const std::int64_t P = std::int64_t(kHeads) * kHeadDim;
+
+    const std::size_t conv_w = 3 * P * 4, fb = P * kRank;
+    weights = std::make_unique<DeviceMemory>(4 * (conv_w + kHeads + P + kHeadDim) + 2 * 2 * fb + 256);
+    float* w = weights->as<float>();
+    float* conv_weight = w;
+    float* A_log = conv_weight + conv_w;
+    float* dt_bias = A_log + 64;  // keep 16-byte alignment
+    float* o_norm = dt_bias + P;
+    auto* f_b = reinterpret_cast<std::uint16_t*>(o_norm + kHeadDim);
+    auto* g_b = f_b + fb;
+    fill_random_floats(conv_weight, conv_w, 11, -0.5f, 0.5f);
+    fill_random_floats(A_log, kHeads, 12, 0.f, 2.77f);     // ln U(1, 16)
+    fill_random_floats(dt_bias, P, 13, -6.9f, -2.25f);     // softplus^-1 of dt in [1e-3, 1e-1]
+    fill_random_floats(o_norm, kHeadDim, 14, 0.5f, 1.5f);
+    std::vector<std::uint16_t> host(2 * fb);
+    std::uint64_t lcg = 15;
+    for (auto& x : host) {
+      lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
+      x = bf16_bits((float(lcg >> 40) / float(1 << 24) - 0.5f) * 0.3f);
+    }
+    BENCH_CUDA(cudaMemcpy(f_b, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    p.conv_weight = conv_weight, p.A_log = A_log, p.dt_bias = dt_bias, p.o_norm_weight = o_norm;
+    p.f_b_weight = reinterpret_cast<const __nv_bfloat16*>(f_b);
+    p.g_b_weight = reinterpret_cast<const __nv_bfloat16*>(g_b);
+
+    const std::size_t rec = std::size_t(num_slots) * ops::kda_recurrent_state_floats_per_slot(kHeads, kHeadDim);
+    const std::size_t conv = std::size_t(num_slots) * ops::kda_conv_state_floats_per_slot(kHeads, kHeadDim);
+    pools = std::make_unique<DeviceMemory>(4 * (rec + conv));
+    p.recurrent_state = pools->as<float>();
+    p.conv_state = p.recurrent_state + rec;
+    fill_random_floats(p.recurrent_state, rec, 16, -0.05f, 0.05f);
+    fill_random_floats(p.conv_state, conv, 17, -1.f, 1.f);
+
+    const std::size_t proj = std::size_t(batch) * p.proj_stride;
+    // proj | y [B][P] | qkv_ws [B][3P] | o_ws [B][P] | gate_ws [B][P] | slot table | error flag
+    step = std::make_unique<DeviceMemory>(4 * (proj + 6 * batch * P + num_slots + 4));
+    float* s = step->as<float>();
+    p.proj = s;
+    p.y = s + proj;
+    qkv_ws = p.y + batch * P;
+    o_ws = qkv_ws + 3 * batch * P;
+    gate_ws = o_ws + batch * P;
+    slot_table = reinterpret_cast<int*>(gate_ws + batch * P);
+    p.error_flag = slot_table + num_slots;
+    fill_random_floats(s, proj, 18, -1.f, 1.f);
+    std::vector<int> ids(num_slots);
+    for (int i = 0; i < num_slots; ++i) ids[i] = i;
+    BENCH_CUDA(cudaMemcpy(slot_table, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMemset(p.error_flag, 0, 4));
+    BENCH_CUDA(cudaDeviceSynchronize());
+  }
+};
+
+// ---- unfused chain (bench-only comparison) ------------------------------------------------------
+
+__global__ void unfused_conv_kernel(ops::KdaParams p, float* qkv_ws) {
+  const std::int64_t P = std::int64_t(p.num_heads) * p.head_dim, C = 3 * P;
+  device::wait_for_upstream();
+  device::allow_downstream();
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < p.batch * C;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    const int row = int(i / C);
+    const std::int64_t ch = i - row * C;
+    const int slot = p.slot_ids[row];
+    if (slot < 0) continue;
+    float* hist = p.conv_state + std::int64_t(slot) * 3 * C;
+    const float h0 = hist[ch], h1 = hist[C + ch], h2 = hist[2 * C + ch], xt = p.proj[row * p.proj_stride + ch];
+    const float4 w = reinterpret_cast<const float4*>(p.conv_weight)[ch];
+    const float conv = w.x * h0 + w.y * h1 + w.z * h2 + w.w * xt;
+    qkv_ws[i] = conv * device::kda::sigmoid(conv);
+    hist[ch] = h1, hist[C + ch] = h2, hist[2 * C + ch] = xt;
+  }
+}
+
+__global__ void __launch_bounds__(kBlockThreads, 2)
+    unfused_recurrence_kernel(ops::KdaParams p, const float* qkv_ws, float* o_ws, float* gate_ws) {
+  constexpr int D = kHeadDim, E = 4, R = D / kWarpsPerBlock;
+  __shared__ float fa_ga[2 * kRank], alpha[D];
+  const int row = blockIdx.x / kHeads, head = blockIdx.x % kHeads, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const std::int64_t P = std::int64_t(kHeads) * D;
+  device::wait_for_upstream();
+  device::allow_downstream();
+  const int slot = p.slot_ids[row];
+  if (slot < 0) return;
+  float* state = p.recurrent_state + (std::int64_t(slot) * kHeads + head) * D * D;
+  device::kda::LaneVec<E> s[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) device::kda::load_stream(state + (warp * R + r) * D + lane * E, s[r]);
+  const float* x = p.proj + row * p.proj_stride;
+  for (int t = threadIdx.x; t < 2 * kRank; t += kBlockThreads) fa_ga[t] = x[3 * P + t];
+  const float beta = device::kda::sigmoid(x[3 * P + 2 * kRank + head]);
+  const float* qkv = qkv_ws + row * 3 * P;
+  device::kda::LaneVec<E> q, k;
+  float qq = 0, kk = 0, kq = 0;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    q.v[e] = qkv[head * D + lane * E + e], k.v[e] = qkv[P + head * D + lane * E + e];
+    qq += q.v[e] * q.v[e], kk += k.v[e] * k.v[e], kq += q.v[e] * k.v[e];
+  }
+  qq = device::kda::warp_sum(qq), kk = device::kda::warp_sum(kk), kq = device::kda::warp_sum(kq);
+  const float qf = rsqrtf(float(D)) / sqrtf(qq + 1e-6f), kf = 1.f / sqrtf(kk + 1e-6f);
+#pragma unroll
+  for (int e = 0; e < E; ++e) q.v[e] *= qf, k.v[e] *= kf;
+  kq *= qf * kf;
+  __syncthreads();
+  const float neg_a = -expf(p.A_log[head]);
+  for (int j = 2 * warp + (lane >> 4); j < 2 * D; j += 2 * kWarpsPerBlock) {
+    const bool decay = j < D;
+    const int jj = decay ? j : j - D;
+    const std::int64_t wr = (std::int64_t(head) * D + jj) * kRank;
+    const float dot = device::kda::half_warp_dot_bf16(decay ? p.f_b_weight + wr : p.g_b_weight + wr,
+                                                      decay ? fa_ga : fa_ga + kRank, kRank, lane & 15);
+    if ((lane & 15) == 0) {
+      if (decay)
+        alpha[jj] = expf(neg_a * device::kda::softplus(dot + p.dt_bias[head * D + jj]));
+      else
+        gate_ws[row * P + head * D + jj] = device::kda::sigmoid(dot);
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float pv = 0, av = 0;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      s[r].v[e] *= alpha[lane * E + e];
+      pv += s[r].v[e] * k.v[e], av += s[r].v[e] * q.v[e];
+    }
+    pv = device::kda::warp_sum(pv), av = device::kda::warp_sum(av);
+    const int v = warp * R + r;
+    const float u = beta * (qkv[2 * P + head * D + v] - pv);
+#pragma unroll
+    for (int e = 0; e < E; ++e) s[r].v[e] += k.v[e] * u;
+    device::kda::store_stream(state + v * D + lane * E, s[r]);
+    if (lane == 0) o_ws[row * P + head * D + v] = av + kq * u;
+  }
+}
+
+// Warp per (row, head): y = o * rsqrt(mean(o^2) + eps) * w * gate.
+__global__ void unfused_norm_kernel(ops::KdaParams p, const float* o_ws, const float* gate_ws) {
+  constexpr int D = kHeadDim;
+  const int item = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  device::wait_for_upstream();
+  device::allow_downstream();
+  if (item >= p.batch * kHeads) return;
+  const int row = item / kHeads;
+  float* y = p.y + std::int64_t(item) * D;
+  if (p.slot_ids[row] < 0) {
+    for (int j = lane; j < D; j += 32) y[j] = 0.f;
+    return;
+  }
+  const float4 o = reinterpret_cast<const float4*>(o_ws + std::int64_t(item) * D)[lane];
+  const float4 g = reinterpret_cast<const float4*>(gate_ws + std::int64_t(item) * D)[lane];
+  const float4 w = reinterpret_cast<const float4*>(p.o_norm_weight)[lane];
+  const float inv = 1.f / sqrtf(device::kda::warp_sum(o.x * o.x + o.y * o.y + o.z * o.z + o.w * o.w) / D + p.norm_eps);
+  reinterpret_cast<float4*>(y)[lane] = make_float4(o.x * inv * w.x * g.x, o.y * inv * w.y * g.y,
+                                                   o.z * inv * w.z * g.z, o.w * inv * w.w * g.w);
+}
+
+template <class Kernel, class... Args>
+void launch_pdl(Kernel kernel, int grid, cudaStream_t stream, Args... args) {
+  throw_if_error(detail::launch(kernel, grid, 0, stream, true, "unfused", args...));
+}
+
+void run(benchmark::State& state, int variant) {
+  KdaBenchSetup setup(int(state.range(0)));
+  const int B = setup.batch;
+  const std::int64_t P = std::int64_t(kHeads) * kHeadDim;
+  float *o_ws = setup.o_ws, *gate_ws = setup.gate_ws;
+  auto enqueue = [&](int i, cudaStream_t stream) {
+    ops::KdaParams p = setup.params;
+    p.slot_ids = setup.slot_table + (i % setup.copies) * B;
+    if (variant == 0) p.error_flag = nullptr;
+    if (variant <= 1) {
+      throw_if_error(ops::kda(p, stream));
+      return;
+    }
+    const int conv_blocks = int((B * 3 * P + kBlockThreads - 1) / kBlockThreads);
+    launch_pdl(unfused_conv_kernel, conv_blocks, stream, p, setup.qkv_ws);
+    launch_pdl(unfused_recurrence_kernel, B * kHeads, stream, p, static_cast<const float*>(setup.qkv_ws), o_ws,
+               gate_ws);
+    launch_pdl(unfused_norm_kernel, (B * kHeads + kWarpsPerBlock - 1) / kWarpsPerBlock, stream, p,
+               static_cast<const float*>(o_ws), static_cast<const float*>(gate_ws));
+  };
+  time_graph(state, enqueue, graph_calls(setup.copies), setup.bytes_per_step(), Roof::kCopy);
+  state.counters["B"] = B;
+}
+
+void BM_KdaFused(benchmark::State& state) { run(state, 0); }
+void BM_KdaFusedChecked(benchmark::State& state) { run(state, 1); }
+void BM_KdaUnfused(benchmark::State& state) { run(state, 2); }
+
+BENCHMARK(BM_KdaFused)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->Arg(256)->UseManualTime();
+BENCHMARK(BM_KdaFusedChecked)->Arg(1)->Arg(8)->Arg(64)->UseManualTime();
+BENCHMARK(BM_KdaUnfused)->Arg(1)->Arg(8)->Arg(64)->Arg(256)->UseManualTime();
+
+}  // namespace
+}  // namespace encore::bench
