@@ -17,10 +17,14 @@ template <int HeadDim>
 __global__ void __launch_bounds__(kBlockThreads, 2) kda_kernel(const __grid_constant__ KdaParams p) {
   extern __shared__ __align__(16) char smem[];
   const int tiles = p.batch * p.num_heads;
-  if (blockIdx.x < tiles) device::kda::tile_prefetch<HeadDim>(p, blockIdx.x);
+  if (blockIdx.x >= tiles) return;
+  // Before the wait: only what does not depend on upstream kernels (weights), and L2 hints.
+  device::kda::tile_issue_weight_copy<HeadDim>(p, blockIdx.x, smem);
+  device::kda::tile_prefetch_state<HeadDim>(p, blockIdx.x);
   device::wait_for_upstream();   // proj, slot ids, the error flag and the states come from upstream
   device::allow_downstream();    // dependents still wait for our completion before reading
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) device::kda::tile<HeadDim>(p, tile, smem);
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x)
+    device::kda::tile<HeadDim>(p, tile, smem, tile == int(blockIdx.x));
 }
 
 // ORs KdaError bits for the batch's slot ids into *flag (sticky). One block; O(batch^2 / 256).

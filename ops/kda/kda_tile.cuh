@@ -2,8 +2,11 @@
 // Used by the standalone kernel (kda.cu) and by the megakernel. Math: shared/specs/kda.md §3.
 //
 // Order inside a tile (every phase reads only what the tile owns, so tiles never race):
-//   0. load this warp's V/8 state rows into registers (float4 / float2 per lane, streaming hint),
-//      so the 64 KiB of state are in flight while the rest is computed;
+//   0. copy the head's W_fb and W_gb rows (2 x K x rank bf16, 64 KiB for Kimi-Linear) into shared
+//      memory with cp.async (the standalone kernel issues this before griddepcontrol.wait: weights
+//      do not depend on upstream kernels); load this warp's V/8 state rows into registers
+//      (float4 / float2 per lane, streaming hint), so the 64 KiB of state are in flight while the
+//      rest is computed;
 //   1. conv + SiLU on the tile's 3 x K channels, advance their history (raw inputs);
 //   2. every warp: L2 norms of q and k and k.q (redundantly per warp: no block barrier needed);
 //      half-warp per row: f = W_fb f_a -> alpha, r = W_gb g_a -> sigmoid(r);
@@ -32,6 +35,7 @@ struct Traits {
 
 // Shared-memory plan of one tile (carved identically on host and device).
 struct Smem {
+  __nv_bfloat16* gate_weights;  // [2][K][rank] W_fb rows | W_gb rows of the head
   float* qkv;    // [3][K]  conv + SiLU outputs q | k | v of the tile
   float* fa_ga;  // [2][rank] f_a | g_a of the row
   float* alpha;  // [K]     decay per channel
@@ -40,6 +44,7 @@ struct Smem {
   __host__ __device__ static Smem carve(char* base, int head_dim, int gate_rank, std::size_t* bytes = nullptr) {
     SmemAllocator alloc(base);
     Smem s;
+    s.gate_weights = alloc.take<__nv_bfloat16>(2 * head_dim * gate_rank);
     s.qkv = alloc.take<float>(3 * head_dim);
     s.fa_ga = alloc.take<float>(2 * gate_rank);
     s.alpha = alloc.take<float>(head_dim);
@@ -90,13 +95,14 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// Dot product of one bf16 weight row with a shared fp32 vector, by the 16 lanes of a half-warp
-// (each lane takes 8-value chunks lane16, lane16 + 16, ...); every lane of the half gets the sum.
+// Dot product of one bf16 weight row (global or shared) with a shared fp32 vector, by the 16 lanes
+// of a half-warp (each lane takes 8-value chunks lane16, lane16 + 16, ...); every lane of the half
+// gets the sum.
 __device__ __forceinline__ float half_warp_dot_bf16(const __nv_bfloat16* row, const float* vec, int rank,
                                                     int lane16) {
   float acc = 0.f;
   for (int c = lane16; c < rank / 8; c += 16) {
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(row) + c);
+    const uint4 raw = reinterpret_cast<const uint4*>(row)[c];
     const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
     const float* x = vec + 8 * c;
 #pragma unroll
@@ -111,29 +117,57 @@ __device__ __forceinline__ float half_warp_dot_bf16(const __nv_bfloat16* row, co
   return acc;
 }
 
-// Warms L2 with what the tile will read that does not depend on upstream kernels (weights) and,
-// as a harmless hint, the slot's state. Safe before griddepcontrol.wait: L2 is the point of
-// coherence, so a line prefetched early is still updated by a late writer.
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* global_src) {
+  const unsigned dst = unsigned(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(global_src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Step 0a: starts the copy of the tile's gate weights (W_fb and W_gb rows of its head) into shared
+// memory. Weights never depend on upstream kernels, so this may run before griddepcontrol.wait.
+// Every thread must later pass cp_async_wait_all() + __syncthreads() before reading them.
 template <int HeadDim>
-__device__ __forceinline__ void tile_prefetch(const ops::KdaParams& p, int tile) {
+__device__ __forceinline__ void tile_issue_weight_copy(const ops::KdaParams& p, int tile_index, char* smem_base) {
   constexpr int D = HeadDim;
-  const int row = tile / p.num_heads, head = tile - row * p.num_heads;
-  const std::int64_t weight_bytes = std::int64_t(D) * p.gate_rank * 2;  // per head, per matrix
-  const char* fb = reinterpret_cast<const char*>(p.f_b_weight + std::int64_t(head) * D * p.gate_rank);
-  const char* gb = reinterpret_cast<const char*>(p.g_b_weight + std::int64_t(head) * D * p.gate_rank);
-  for (std::int64_t off = std::int64_t(threadIdx.x) * 128; off < weight_bytes; off += kBlockThreads * 128) {
-    prefetch_l2(fb + off);
-    prefetch_l2(gb + off);
-  }
-  const int slot = p.slot_ids[row];  // may be stale before the wait: only a hint
-  if (slot >= 0 && slot < p.num_slots) {
-    const char* state = reinterpret_cast<const char*>(p.recurrent_state + (std::int64_t(slot) * p.num_heads + head) * D * D);
-    for (int off = threadIdx.x * 128; off < D * D * 4; off += kBlockThreads * 128) prefetch_l2(state + off);
+  const int head = tile_index % p.num_heads;
+  const Smem sm = Smem::carve(smem_base, D, p.gate_rank);
+  const int chunks = D * p.gate_rank / 8;  // 16-byte chunks per matrix
+  const uint4* fb = reinterpret_cast<const uint4*>(p.f_b_weight + std::int64_t(head) * D * p.gate_rank);
+  const uint4* gb = reinterpret_cast<const uint4*>(p.g_b_weight + std::int64_t(head) * D * p.gate_rank);
+  uint4* dst = reinterpret_cast<uint4*>(sm.gate_weights);
+  for (int c = threadIdx.x; c < chunks; c += kBlockThreads) {
+    cp_async_16(dst + c, fb + c);
+    cp_async_16(dst + chunks + c, gb + c);
   }
 }
 
+// Warms L2 with the slot's recurrent and conv state, a harmless hint (the slot id may be stale
+// before griddepcontrol.wait; L2 is the point of coherence, so a line prefetched early is still
+// updated by a late writer).
 template <int HeadDim>
-__device__ __forceinline__ void tile(const ops::KdaParams& p, int tile_index, char* smem_base) {
+__device__ __forceinline__ void tile_prefetch_state(const ops::KdaParams& p, int tile_index) {
+  constexpr int D = HeadDim;
+  const int row = tile_index / p.num_heads, head = tile_index - row * p.num_heads;
+  const int slot = p.slot_ids[row];
+  if (slot < 0 || slot >= p.num_slots) return;
+  const char* state =
+      reinterpret_cast<const char*>(p.recurrent_state + (std::int64_t(slot) * p.num_heads + head) * D * D);
+  for (int off = threadIdx.x * 128; off < D * D * 4; off += kBlockThreads * 128) prefetch_l2(state + off);
+  // conv history: 3 taps x 3 streams x D floats, 128-byte lines
+  const std::int64_t P = std::int64_t(p.num_heads) * D, channels = 3 * P;
+  constexpr int kLinesPerSegment = D * 4 / 128;
+  if (threadIdx.x < 9 * kLinesPerSegment) {
+    const int segment = threadIdx.x / kLinesPerSegment, line = threadIdx.x % kLinesPerSegment;
+    const int tap = segment / 3, stream = segment % 3;
+    prefetch_l2(p.conv_state + (std::int64_t(slot) * 3 + tap) * channels + stream * P + std::int64_t(head) * D +
+                line * 32);
+  }
+}
+
+// weights_issued: tile_issue_weight_copy() already ran for this tile (the kernel prologue does it
+// for its first tile, before griddepcontrol.wait).
+template <int HeadDim>
+__device__ __forceinline__ void tile(const ops::KdaParams& p, int tile_index, char* smem_base, bool weights_issued) {
   using T = Traits<HeadDim>;
   constexpr int D = HeadDim, E = T::kLaneElems, R = T::kRowsPerWarp;
   const int H = p.num_heads;
@@ -142,10 +176,14 @@ __device__ __forceinline__ void tile(const ops::KdaParams& p, int tile_index, ch
   const std::int64_t P = std::int64_t(H) * D, channels = 3 * P;
   float* y_head = p.y + std::int64_t(row) * P + std::int64_t(head) * D;
 
-  __syncthreads();  // the previous tile of this block may still read shared memory
+  if (!weights_issued) {
+    __syncthreads();  // the previous tile of this block may still read shared memory
+    tile_issue_weight_copy<D>(p, tile_index, smem_base);
+  }
   const int slot = p.slot_ids[row];
   const bool flagged = p.error_flag != nullptr && __ldcg(p.error_flag) != 0;
   if (flagged || slot >= p.num_slots || slot < 0) {
+    cp_async_wait_all();  // no copy may land after this tile returns
     // Pad row: y = 0. Failed slot check or out-of-range id: no state write, y = NaN.
     const float fill = (slot < 0 && !flagged) ? 0.f : __int_as_float(0x7fffffff);
     for (int j = tid; j < D; j += kBlockThreads) y_head[j] = fill;
@@ -178,6 +216,7 @@ __device__ __forceinline__ void tile(const ops::KdaParams& p, int tile_index, ch
   const std::int64_t fa_offset = channels;
   for (int t = tid; t < 2 * p.gate_rank; t += kBlockThreads) sm.fa_ga[t] = x[fa_offset + t];
   const float beta = sigmoid(x[fa_offset + 2 * p.gate_rank + head]);
+  cp_async_wait_all();
   __syncthreads();
 
   // 2a. norms (each warp computes them for itself).
@@ -204,8 +243,7 @@ __device__ __forceinline__ void tile(const ops::KdaParams& p, int tile_index, ch
     for (int j = 2 * warp + half; j < 2 * D; j += 2 * kWarpsPerBlock) {
       const bool decay = j < D;
       const int jj = decay ? j : j - D;
-      const std::int64_t w_row = (std::int64_t(head) * D + jj) * p.gate_rank;
-      const float dot = half_warp_dot_bf16(decay ? p.f_b_weight + w_row : p.g_b_weight + w_row,
+      const float dot = half_warp_dot_bf16(sm.gate_weights + j * p.gate_rank,
                                            decay ? sm.fa_ga : sm.fa_ga + p.gate_rank, p.gate_rank, lane16);
       if (lane16 == 0) {
         if (decay)
@@ -266,9 +304,9 @@ __device__ __forceinline__ void tile(const ops::KdaParams& p, int tile_index, ch
 // Megakernel entry: one (sequence, head) tile, any head_dim the launcher accepts.
 __device__ __forceinline__ void kda_tile(const ops::KdaParams& p, int tile, char* smem) {
   if (p.head_dim == 128)
-    kda::tile<128>(p, tile, smem);
+    kda::tile<128>(p, tile, smem, false);
   else
-    kda::tile<64>(p, tile, smem);
+    kda::tile<64>(p, tile, smem, false);
 }
 
 }  // namespace encore::device
