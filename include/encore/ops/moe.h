@@ -1,0 +1,111 @@
+// Mixture-of-experts at decode (specs/moe.md): routing and the expert Q4_K GEMVs.
+//
+//   moe_router   logits = W_g h (fp32 or bf16 router, fp32 accumulation), then per token the
+//                parameterised top-k (sigmoid/softmax, selection-only bias, grouped selection,
+//                renormalise, scale) -> expert ids [batch][k] and fp32 weights [batch][k].
+//   moe_topk     the same top-k from caller-provided fp32 logits.
+//   moe_experts  x[t] += sum_j w[t][j] * E_{ids[t][j]}(h[t]) + sum_s Shared_s(h[t]), with
+//                E(h) = W_down (silu(W_gate h) * (W_up h)); Q4_K weights; work list built on the
+//                device (graph-safe); each used expert's weights streamed once per step; a token's
+//                contributions summed in ascending expert id, shared experts last: no atomics, and
+//                a token's result is bitwise independent of the rest of the batch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include <encore/q4k.h>
+#include <encore/status.h>
+
+namespace encore::ops {
+
+inline constexpr int kMaxMoeBatch = 64;     // tokens per step (the work list tracks tokens in a 64-bit mask)
+inline constexpr int kMaxMoeExperts = 512;  // routed experts (warp top-k holds E/32 scores per lane)
+inline constexpr int kMaxMoeTopK = 16;
+inline constexpr int kMaxMoeGroups = 32;
+inline constexpr int kMaxMoeShared = 4;
+inline constexpr int kMaxMoeInter = 2048;   // expert width (down projection K; 8 Q4_K blocks)
+
+enum class MoeScoreFunc : int { kSigmoid, kSoftmax };
+enum class MoeRouterDtype : int { kFp32, kBf16 };
+
+// One parameterised routing algorithm (specs/moe.md §2). Ties go to the lower expert id.
+struct MoeRoutingConfig {
+  MoeScoreFunc score = MoeScoreFunc::kSigmoid;
+  int num_experts = 256;
+  int top_k = 8;
+  int n_group = 1;        // groups of num_experts / n_group consecutive experts
+  int topk_group = 1;     // groups kept (group stage runs only when n_group > 1 and topk_group < n_group)
+  bool renormalize = true;
+  float renorm_eps = 1e-20f;
+  float routed_scale = 1.f;
+  // Kimi HF remote code compatibility (tests only): weights from the biased scores, dropped
+  // groups masked with 0 instead of -inf.
+  bool hf_remote_biased_weights = false;
+
+  static MoeRoutingConfig deepseek_v3() { return {MoeScoreFunc::kSigmoid, 256, 8, 8, 4, true, 1e-20f, 2.5f, false}; }
+  static MoeRoutingConfig kimi_linear() { return {MoeScoreFunc::kSigmoid, 256, 8, 1, 1, true, 1e-20f, 2.446f, false}; }
+  static MoeRoutingConfig qwen3_moe() { return {MoeScoreFunc::kSoftmax, 128, 8, 1, 1, true, 0.f, 1.f, false}; }
+};
+
+// k <= E, groups divide E, topk_group <= n_group, k <= topk_group * E / n_group, ...
+Status validate_routing_config(const MoeRoutingConfig& config);
+
+struct MoeRouterParams {
+  MoeRoutingConfig config;
+  const void* weight = nullptr;          // [num_experts][hidden] fp32 or bf16, 16-byte aligned
+  MoeRouterDtype weight_dtype = MoeRouterDtype::kBf16;
+  const float* bias = nullptr;           // optional [num_experts] e_score_correction_bias (selection only)
+  const float* h = nullptr;              // [batch][hidden] normalised hidden state, 16-byte aligned
+  int hidden = 0;                        // a multiple of 256
+  int batch = 1;                         // 1..kMaxMoeBatch
+  int* topk_ids = nullptr;               // [batch][top_k], selection order (descending score)
+  float* topk_weights = nullptr;         // [batch][top_k]
+  float* logits = nullptr;               // optional [batch][num_experts] output
+  void* workspace = nullptr;             // moe_router_workspace_bytes(...), 16-byte aligned
+  std::size_t workspace_bytes = 0;
+};
+
+std::size_t moe_router_workspace_bytes(int batch, int num_experts, int hidden);
+Status moe_router(const MoeRouterParams& p, cudaStream_t stream);
+
+struct MoeTopkParams {
+  MoeRoutingConfig config;
+  const float* logits = nullptr;         // [batch][num_experts]
+  const float* bias = nullptr;           // optional [num_experts]
+  int batch = 1;
+  int* topk_ids = nullptr;               // [batch][top_k]
+  float* topk_weights = nullptr;         // [batch][top_k]
+};
+Status moe_topk(const MoeTopkParams& p, cudaStream_t stream);
+
+struct MoeExpertsParams {
+  // Expert stacks as in GGUF: (num_experts + num_shared) matrices back to back, the shared
+  // experts appended after the routed ones (ids num_experts .. num_experts + num_shared - 1).
+  const q4k::Block* gate = nullptr;      // [E + S][inter][hidden / 256]
+  const q4k::Block* up = nullptr;        // [E + S][inter][hidden / 256]
+  const q4k::Block* down = nullptr;      // [E + S][hidden][inter / 256]
+  int num_experts = 0;                   // E, 1..kMaxMoeExperts
+  int num_shared = 0;                    // S, 0..kMaxMoeShared (weight 1, never scaled)
+  int top_k = 0;                         // 1..kMaxMoeTopK
+  int hidden = 0;                        // a multiple of 256
+  int inter = 0;                         // expert width, a multiple of 256, <= kMaxMoeInter
+  int batch = 1;                         // 1..max_batch
+  int max_batch = kMaxMoeBatch;          // what the workspace and the grids are sized for (graph capture)
+  const float* h = nullptr;              // [batch][hidden] normalised input, 16-byte aligned
+  float* x = nullptr;                    // [batch][hidden] residual stream, updated in place
+  const int* topk_ids = nullptr;         // [batch][top_k] (device; e.g. from moe_router)
+  const float* topk_weights = nullptr;   // [batch][top_k] (routed scale already applied)
+  void* workspace = nullptr;             // moe_experts_workspace_bytes(...), 16-byte aligned
+  std::size_t workspace_bytes = 0;
+  // Optional: set to a non-zero value on the device when an id is out of range or repeated within
+  // a token; such a slot is skipped (nothing out of range is read). The caller clears it.
+  int* error_flag = nullptr;
+};
+
+std::size_t moe_experts_workspace_bytes(int max_batch, int num_experts, int num_shared, int top_k, int hidden, int inter);
+Status moe_experts(const MoeExpertsParams& p, cudaStream_t stream);
+
+}  // namespace encore::ops

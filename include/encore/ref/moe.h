@@ -1,0 +1,31 @@
+// fp64 CPU references of the MoE ops (specs/moe.md).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <encore/ops/moe.h>
+#include <encore/q4k.h>
+
+namespace encore::ref {
+
+// logits[t][e] = sum_j W[e][j] h[t][j] in double; W fp32 or bf16 (raw bf16 bits as uint16).
+void moe_router_logits(const void* weight, ops::MoeRouterDtype dtype, const float* h, int batch, int num_experts,
+                       int hidden, double* logits);
+
+// Routing of `batch` tokens from fp32 logits (specs/moe.md §2), scores in double. Ties (equal
+// doubles) go to the lower index. ids [batch][k] in selection order, weights [batch][k].
+void moe_topk(const ops::MoeRoutingConfig& config, const float* logits, const float* bias, int batch, int* ids,
+              double* weights);
+
+// Expert layer: out[t][r] = sum_j w[t][j] * E_{ids[t][j]}(h[t])[r] + sum_s Shared_s(h[t])[r]
+// (the residual is not added). Weights dequantised exactly.
+//   int8_activations = false: exact activations (the model's math);
+//   int8_activations = true : the kernels' arithmetic in double (h and silu(g)*u quantised with
+//                             ref::quantize_activations), for tight indexing checks.
+// Slots whose id is out of range or repeated within the token are skipped, as on the device.
+void moe_experts(const q4k::Block* gate, const q4k::Block* up, const q4k::Block* down, int num_experts, int num_shared,
+                 int top_k, int hidden, int inter, int batch, const float* h, const int* ids, const float* weights,
+                 bool int8_activations, double* out);
+
+}  // namespace encore::ref

@@ -1,0 +1,343 @@
+// Standalone kernels and validating launchers of the MoE ops.
+#include <encore/ops/moe.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/cuda_check.h"
+#include "common/launch.cuh"
+#include "moe/moe_expert_tile.cuh"
+#include "moe/moe_router_tile.cuh"
+
+namespace encore::ops {
+namespace {
+
+using moe::ExpertsTileParams;
+using moe::RouterGemvParams;
+using moe::RouterTopkParams;
+
+// ---- kernels ------------------------------------------------------------------------------------
+
+// Router weights never depend on the previous kernel: pull this tile's rows into L2 before the
+// PDL wait so the fetch overlaps the previous kernel's tail.
+__device__ void prefetch_router_rows(const RouterGemvParams& p, int tile) {
+  const int expert = (tile / p.slices) * moe::kRouterRowsPerTile + int(threadIdx.x);
+  if (threadIdx.x >= moe::kRouterRowsPerTile || expert >= p.num_experts) return;
+  const int kb0 = (tile % p.slices) * moe::kRouterSliceBlocks;
+  const int nb = min(moe::kRouterSliceBlocks, p.hidden_blocks - kb0);
+  const int elem = p.weight_bf16 ? 2 : 4;
+  const char* src = static_cast<const char*>(p.weight) + (std::int64_t(expert) * p.hidden_blocks + kb0) * 256 * elem;
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(std::uint32_t(nb * 256 * elem)) : "memory");
+}
+
+__global__ void __launch_bounds__(kBlockThreads) router_gemv_kernel(const __grid_constant__ RouterGemvParams p) {
+  const int tiles = moe::router_gemv_tiles(p);
+  if (int(blockIdx.x) < tiles) prefetch_router_rows(p, blockIdx.x);
+  device::wait_for_upstream();
+  device::allow_downstream();
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) moe::router_gemv_tile(p, tile);
+}
+
+__global__ void __launch_bounds__(kBlockThreads) router_topk_kernel(const __grid_constant__ RouterTopkParams p) {
+  extern __shared__ __align__(16) char smem[];
+  device::wait_for_upstream();
+  device::allow_downstream();
+  const int warp = threadIdx.x / 32;
+  float* choice = reinterpret_cast<float*>(smem) + warp * p.config.num_experts;
+  for (int tile = blockIdx.x; tile < moe::router_topk_tiles(p.batch); tile += gridDim.x) {
+    const int token = tile * kWarpsPerBlock + warp;
+    if (token < p.batch) moe::router_topk_warp(p, token, choice);
+  }
+}
+
+__global__ void __launch_bounds__(kBlockThreads) moe_prepare_kernel(const __grid_constant__ ExpertsTileParams p, int tiles) {
+  extern __shared__ __align__(16) char smem[];
+  device::wait_for_upstream();
+  device::allow_downstream();
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) moe::prepare_tile(p, tile, smem);
+}
+
+__global__ void __launch_bounds__(kBlockThreads) moe_gate_up_kernel(const __grid_constant__ ExpertsTileParams p) {
+  extern __shared__ __align__(16) char smem[];
+  device::wait_for_upstream();
+  device::allow_downstream();
+  const int items = *p.num_active * moe::gate_up_row_groups(p.inter);  // work list from the device
+  for (int item = blockIdx.x; item < items; item += gridDim.x) moe::gate_up_tile(p, item, smem);
+}
+
+__global__ void __launch_bounds__(kBlockThreads) moe_down_kernel(const __grid_constant__ ExpertsTileParams p) {
+  extern __shared__ __align__(16) char smem[];
+  device::wait_for_upstream();
+  device::allow_downstream();
+  for (int tile = blockIdx.x; tile < moe::down_tiles(p.hidden); tile += gridDim.x) moe::down_tile(p, tile, smem);
+}
+
+// ---- helpers ------------------------------------------------------------------------------------
+
+int router_slices(int hidden) { return (hidden / 256 + moe::kRouterSliceBlocks - 1) / moe::kRouterSliceBlocks; }
+
+// Offsets of the expert stage's workspace pieces (16-byte aligned, in this order).
+struct ExpertsLayout {
+  std::size_t num_active, active, offsets, entry_token, entry_weight, act_in, act_mid, total;
+};
+ExpertsLayout experts_layout(int max_batch, int num_experts, int num_shared, int top_k, int hidden, int inter) {
+  const std::size_t experts = std::size_t(num_experts) + num_shared;
+  const std::size_t entries = std::size_t(max_batch) * (top_k + num_shared);
+  ExpertsLayout l{};
+  std::size_t at = 0;
+  auto take = [&at](std::size_t bytes) {
+    const std::size_t here = at;
+    at = (at + bytes + 15) / 16 * 16;
+    return here;
+  };
+  l.num_active = take(sizeof(int));
+  l.active = take(experts * sizeof(int));
+  l.offsets = take((experts + 1) * sizeof(int));
+  l.entry_token = take(entries * sizeof(int));
+  l.entry_weight = take(entries * sizeof(float));
+  l.act_in = take(std::size_t(max_batch) * (hidden / 256) * gemv::kActBlockBytes);
+  l.act_mid = take(entries * (inter / 256) * gemv::kActBlockBytes);
+  l.total = at;
+  return l;
+}
+
+template <class Kernel>
+Status persistent_grid(Kernel kernel, std::size_t smem, std::int64_t max_tiles, int& grid) {
+  if (smem > 48 * 1024)
+    ENCORE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  int per_sm = 0;
+  ENCORE_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBlockThreads, smem));
+  grid = int(std::max<std::int64_t>(1, std::min<std::int64_t>(max_tiles, std::int64_t(std::max(per_sm, 1)) * detail::sm_count())));
+  return {};
+}
+
+Status validate_batch(const char* op, int batch, int max_batch) {
+  ENCORE_REQUIRE(max_batch >= 1 && max_batch <= kMaxMoeBatch, StatusCode::kInvalidArgument, op, ": max_batch must be in [1, ",
+                 kMaxMoeBatch, "] (got ", max_batch, ")");
+  ENCORE_REQUIRE(batch >= 1 && batch <= max_batch, StatusCode::kOutOfRange, op, ": batch must be in [1, ", max_batch,
+                 "] (got ", batch, ")");
+  return {};
+}
+
+Status validate_outputs(const char* op, const MoeRoutingConfig& c, int batch, const int* ids, const float* weights) {
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(ids, 4, "topk_ids"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(weights, 4, "topk_weights"));
+  const std::size_t bytes = std::size_t(batch) * c.top_k * 4;
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(ids, bytes, "topk_ids", weights, bytes, "topk_weights"));
+  (void)op;
+  return {};
+}
+
+RouterTopkParams topk_params(const MoeRoutingConfig& c, const float* logits, int slices, const float* bias, int batch,
+                             int* ids, float* weights, float* logits_out) {
+  return {c, logits, slices, bias, batch, ids, weights, logits_out};
+}
+
+Status launch_topk(const RouterTopkParams& t, cudaStream_t stream) {
+  return detail::launch(router_topk_kernel, moe::router_topk_tiles(t.batch), moe::router_topk_smem_bytes(t.config.num_experts),
+                        stream, true, "moe router top-k kernel", t);
+}
+
+}  // namespace
+
+// ---- routing ------------------------------------------------------------------------------------
+
+Status validate_routing_config(const MoeRoutingConfig& c) {
+  ENCORE_REQUIRE(c.num_experts >= 1 && c.num_experts <= kMaxMoeExperts, StatusCode::kInvalidArgument,
+                 "moe routing: num_experts must be in [1, ", kMaxMoeExperts, "] (got ", c.num_experts, ")");
+  ENCORE_REQUIRE(c.top_k >= 1 && c.top_k <= kMaxMoeTopK, StatusCode::kInvalidArgument, "moe routing: top_k must be in [1, ",
+                 kMaxMoeTopK, "] (got ", c.top_k, ")");
+  ENCORE_REQUIRE(c.top_k <= c.num_experts, StatusCode::kInvalidArgument, "moe routing: top_k = ", c.top_k,
+                 " exceeds num_experts = ", c.num_experts);
+  ENCORE_REQUIRE(c.n_group >= 1 && c.n_group <= kMaxMoeGroups, StatusCode::kInvalidArgument, "moe routing: n_group must be in [1, ",
+                 kMaxMoeGroups, "] (got ", c.n_group, ")");
+  ENCORE_REQUIRE(c.num_experts % c.n_group == 0, StatusCode::kInvalidArgument, "moe routing: n_group = ", c.n_group,
+                 " does not divide num_experts = ", c.num_experts);
+  ENCORE_REQUIRE(c.topk_group >= 1 && c.topk_group <= c.n_group, StatusCode::kInvalidArgument,
+                 "moe routing: topk_group must be in [1, n_group = ", c.n_group, "] (got ", c.topk_group, ")");
+  ENCORE_REQUIRE(c.top_k <= std::int64_t(c.topk_group) * (c.num_experts / c.n_group), StatusCode::kInvalidArgument,
+                 "moe routing: top_k = ", c.top_k, " exceeds the experts of the kept groups (", c.topk_group, " x ",
+                 c.num_experts / c.n_group, ")");
+  ENCORE_REQUIRE(c.score == MoeScoreFunc::kSigmoid || c.score == MoeScoreFunc::kSoftmax, StatusCode::kInvalidArgument,
+                 "moe routing: unknown score function");
+  ENCORE_REQUIRE(std::isfinite(c.renorm_eps) && c.renorm_eps >= 0.f, StatusCode::kInvalidArgument,
+                 "moe routing: renorm_eps must be finite and >= 0");
+  ENCORE_REQUIRE(std::isfinite(c.routed_scale), StatusCode::kInvalidArgument, "moe routing: routed_scale must be finite");
+  return {};
+}
+
+std::size_t moe_router_workspace_bytes(int batch, int num_experts, int hidden) {
+  return std::size_t(router_slices(hidden)) * std::max(batch, 0) * std::max(num_experts, 0) * sizeof(float);
+}
+
+Status moe_router(const MoeRouterParams& a, cudaStream_t stream) {
+  const char* op = "moe_router";
+  ENCORE_RETURN_IF_ERROR(validate_routing_config(a.config));
+  ENCORE_RETURN_IF_ERROR(validate_batch(op, a.batch, kMaxMoeBatch));
+  ENCORE_REQUIRE(a.hidden >= 256 && a.hidden % 256 == 0 && a.hidden <= (1 << 20), StatusCode::kInvalidArgument, op,
+                 ": hidden must be a positive multiple of 256 up to 2^20 (got ", a.hidden, ")");
+  ENCORE_REQUIRE(a.weight_dtype == MoeRouterDtype::kBf16 || a.weight_dtype == MoeRouterDtype::kFp32,
+                 StatusCode::kInvalidArgument, op, ": unknown router weight dtype");
+  const int E = a.config.num_experts;
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.weight, 16, "router weight"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.h, 16, "h"));
+  if (a.bias) ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.bias, 4, "bias"));
+  ENCORE_RETURN_IF_ERROR(validate_outputs(op, a.config, a.batch, a.topk_ids, a.topk_weights));
+  if (a.logits) ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.logits, 4, "logits"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.workspace, 16, "workspace"));
+  const std::size_t need = moe_router_workspace_bytes(a.batch, E, a.hidden);
+  ENCORE_REQUIRE(a.workspace_bytes >= need, StatusCode::kOutOfRange, op, ": workspace holds ", a.workspace_bytes,
+                 " bytes, needs ", need);
+  // Every output against every input and the other outputs.
+  const std::size_t w_bytes = std::size_t(E) * a.hidden * (a.weight_dtype == MoeRouterDtype::kBf16 ? 2 : 4);
+  const std::size_t h_bytes = std::size_t(a.batch) * a.hidden * 4, slot_bytes = std::size_t(a.batch) * a.config.top_k * 4;
+  const std::size_t logit_bytes = std::size_t(a.batch) * E * 4;
+  struct Range {
+    const void* ptr;
+    std::size_t bytes;
+    const char* name;
+  };
+  const Range inputs[] = {{a.weight, w_bytes, "router weight"}, {a.h, h_bytes, "h"}, {a.bias, std::size_t(E) * 4, "bias"}};
+  const Range outputs[] = {{a.topk_ids, slot_bytes, "topk_ids"}, {a.topk_weights, slot_bytes, "topk_weights"},
+                           {a.logits, logit_bytes, "logits"}, {a.workspace, need, "workspace"}};
+  for (int o = 0; o < 4; ++o) {
+    if (!outputs[o].ptr) continue;
+    for (const Range& in : inputs)
+      if (in.ptr) ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(in.ptr, in.bytes, in.name, outputs[o].ptr, outputs[o].bytes, outputs[o].name));
+    for (int o2 = 0; o2 < o; ++o2)
+      if (outputs[o2].ptr)
+        ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(outputs[o2].ptr, outputs[o2].bytes, outputs[o2].name, outputs[o].ptr,
+                                                        outputs[o].bytes, outputs[o].name));
+  }
+  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
+
+  RouterGemvParams g{};
+  g.weight = a.weight;
+  g.weight_bf16 = a.weight_dtype == MoeRouterDtype::kBf16;
+  g.h = a.h;
+  g.hidden_blocks = a.hidden / 256;
+  g.slices = router_slices(a.hidden);
+  g.batch = a.batch;
+  g.num_experts = E;
+  g.partial = static_cast<float*>(a.workspace);
+  ENCORE_RETURN_IF_ERROR(detail::launch(router_gemv_kernel, moe::router_gemv_tiles(g), 0, stream, true, "moe router gemv kernel", g));
+  return launch_topk(topk_params(a.config, g.partial, g.slices, a.bias, a.batch, a.topk_ids, a.topk_weights, a.logits), stream);
+}
+
+Status moe_topk(const MoeTopkParams& a, cudaStream_t stream) {
+  ENCORE_RETURN_IF_ERROR(validate_routing_config(a.config));
+  ENCORE_RETURN_IF_ERROR(validate_batch("moe_topk", a.batch, kMaxMoeBatch));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.logits, 4, "logits"));
+  if (a.bias) ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.bias, 4, "bias"));
+  ENCORE_RETURN_IF_ERROR(validate_outputs("moe_topk", a.config, a.batch, a.topk_ids, a.topk_weights));
+  const std::size_t logit_bytes = std::size_t(a.batch) * a.config.num_experts * 4, slot_bytes = std::size_t(a.batch) * a.config.top_k * 4;
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(a.logits, logit_bytes, "logits", a.topk_ids, slot_bytes, "topk_ids"));
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(a.logits, logit_bytes, "logits", a.topk_weights, slot_bytes, "topk_weights"));
+  if (a.bias) {
+    ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(a.bias, a.config.num_experts * 4, "bias", a.topk_ids, slot_bytes, "topk_ids"));
+    ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(a.bias, a.config.num_experts * 4, "bias", a.topk_weights, slot_bytes, "topk_weights"));
+  }
+  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
+  return launch_topk(topk_params(a.config, a.logits, 1, a.bias, a.batch, a.topk_ids, a.topk_weights, nullptr), stream);
+}
+
+// ---- experts ------------------------------------------------------------------------------------
+
+std::size_t moe_experts_workspace_bytes(int max_batch, int num_experts, int num_shared, int top_k, int hidden, int inter) {
+  if (max_batch < 1 || num_experts < 1 || num_shared < 0 || top_k < 1 || hidden < 256 || inter < 256) return 0;
+  return experts_layout(max_batch, num_experts, num_shared, top_k, hidden, inter).total;
+}
+
+Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
+  const char* op = "moe_experts";
+  ENCORE_REQUIRE(a.num_experts >= 1 && a.num_experts <= kMaxMoeExperts, StatusCode::kInvalidArgument, op,
+                 ": num_experts must be in [1, ", kMaxMoeExperts, "] (got ", a.num_experts, ")");
+  ENCORE_REQUIRE(a.num_shared >= 0 && a.num_shared <= kMaxMoeShared, StatusCode::kInvalidArgument, op,
+                 ": num_shared must be in [0, ", kMaxMoeShared, "] (got ", a.num_shared, ")");
+  ENCORE_REQUIRE(a.top_k >= 1 && a.top_k <= kMaxMoeTopK && a.top_k <= a.num_experts, StatusCode::kInvalidArgument, op,
+                 ": top_k must be in [1, min(", kMaxMoeTopK, ", num_experts)] (got ", a.top_k, ")");
+  ENCORE_REQUIRE(a.hidden >= 256 && a.hidden % 256 == 0 && a.hidden <= (1 << 16), StatusCode::kInvalidArgument, op,
+                 ": hidden must be a positive multiple of 256 up to 65536 (got ", a.hidden, ")");
+  ENCORE_REQUIRE(a.inter >= 256 && a.inter % 256 == 0 && a.inter <= kMaxMoeInter, StatusCode::kInvalidArgument, op,
+                 ": inter must be a multiple of 256 in [256, ", kMaxMoeInter, "] (got ", a.inter, ")");
+  ENCORE_RETURN_IF_ERROR(validate_batch(op, a.batch, a.max_batch));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.gate, 16, "gate"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.up, 16, "up"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.down, 16, "down"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.h, 16, "h"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.x, 4, "x"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.topk_ids, 4, "topk_ids"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.topk_weights, 4, "topk_weights"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.workspace, 16, "workspace"));
+  if (a.error_flag) ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.error_flag, 4, "error_flag"));
+  const ExpertsLayout layout = experts_layout(a.max_batch, a.num_experts, a.num_shared, a.top_k, a.hidden, a.inter);
+  ENCORE_REQUIRE(a.workspace_bytes >= layout.total, StatusCode::kOutOfRange, op, ": workspace holds ", a.workspace_bytes,
+                 " bytes, needs ", layout.total, " for max_batch = ", a.max_batch);
+
+  const std::int64_t matrices = a.num_experts + a.num_shared;
+  const std::size_t stack_bytes = std::size_t(matrices) * q4k::row_bytes(a.hidden) * a.inter;  // gate, up and down alike
+  const std::size_t x_bytes = std::size_t(a.batch) * a.hidden * 4, slot_bytes = std::size_t(a.batch) * a.top_k * 4;
+  struct Range {
+    const void* ptr;
+    std::size_t bytes;
+    const char* name;
+  };
+  const Range inputs[] = {{a.gate, stack_bytes, "gate"}, {a.up, stack_bytes, "up"}, {a.down, stack_bytes, "down"},
+                          {a.h, x_bytes, "h"}, {a.topk_ids, slot_bytes, "topk_ids"}, {a.topk_weights, slot_bytes, "topk_weights"}};
+  const Range outputs[] = {{a.x, x_bytes, "x"}, {a.workspace, layout.total, "workspace"}, {a.error_flag, 4, "error_flag"}};
+  for (int o = 0; o < 3; ++o) {
+    if (!outputs[o].ptr) continue;
+    for (const Range& in : inputs)
+      ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(in.ptr, in.bytes, in.name, outputs[o].ptr, outputs[o].bytes, outputs[o].name));
+    for (int o2 = 0; o2 < o; ++o2)
+      ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(outputs[o2].ptr, outputs[o2].bytes, outputs[o2].name, outputs[o].ptr,
+                                                      outputs[o].bytes, outputs[o].name));
+  }
+  const std::size_t gate_up_smem = moe::gate_up_smem_bytes(a.hidden / 256);
+  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
+  ENCORE_REQUIRE(gate_up_smem <= std::size_t(detail::max_shared_memory_per_block()), StatusCode::kUnsupported, op,
+                 ": hidden = ", a.hidden, " needs ", gate_up_smem, " bytes of shared memory per block");
+
+  char* ws = static_cast<char*>(a.workspace);
+  ExpertsTileParams p{};
+  p.gate = reinterpret_cast<const char*>(a.gate);
+  p.up = reinterpret_cast<const char*>(a.up);
+  p.down = reinterpret_cast<const char*>(a.down);
+  p.up_row_bytes = q4k::row_bytes(a.hidden);
+  p.down_row_bytes = q4k::row_bytes(a.inter);
+  p.up_matrix_bytes = p.up_row_bytes * a.inter;
+  p.down_matrix_bytes = p.down_row_bytes * a.hidden;
+  p.num_experts = a.num_experts;
+  p.num_shared = a.num_shared;
+  p.top_k = a.top_k;
+  p.hidden = a.hidden;
+  p.inter = a.inter;
+  p.hidden_blocks = a.hidden / 256;
+  p.inter_blocks = a.inter / 256;
+  p.batch = a.batch;
+  p.h = a.h;
+  p.x = a.x;
+  p.ids = a.topk_ids;
+  p.weights = a.topk_weights;
+  p.error_flag = a.error_flag;
+  p.num_active = reinterpret_cast<int*>(ws + layout.num_active);
+  p.active = reinterpret_cast<int*>(ws + layout.active);
+  p.offsets = reinterpret_cast<int*>(ws + layout.offsets);
+  p.entry_token = reinterpret_cast<int*>(ws + layout.entry_token);
+  p.entry_weight = reinterpret_cast<float*>(ws + layout.entry_weight);
+  p.act_in = ws + layout.act_in;
+  p.act_mid = ws + layout.act_mid;
+
+  // Grids depend on max_batch only, so one capture at max_batch serves any routing.
+  const int prepare = moe::prepare_tiles(a.max_batch, p.hidden_blocks);
+  ENCORE_RETURN_IF_ERROR(detail::launch(moe_prepare_kernel, prepare, moe::prepare_smem_bytes(), stream, true,
+                                        "moe prepare kernel", p, prepare));
+  const std::int64_t max_active = std::min<std::int64_t>(a.num_experts, std::int64_t(a.max_batch) * a.top_k) + a.num_shared;
+  int grid = 0;
+  ENCORE_RETURN_IF_ERROR(persistent_grid(moe_gate_up_kernel, gate_up_smem, max_active * moe::gate_up_row_groups(a.inter), grid));
+  ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel, grid, gate_up_smem, stream, true, "moe gate/up kernel", p));
+  ENCORE_RETURN_IF_ERROR(persistent_grid(moe_down_kernel, 0, moe::down_tiles(a.hidden), grid));
+  return detail::launch(moe_down_kernel, grid, 0, stream, true, "moe down kernel", p);
+}
+
+}  // namespace encore::ops

@@ -1,0 +1,3 @@
+list(APPEND ENCORE_SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/moe.cu
+  ${CMAKE_CURRENT_LIST_DIR}/moe_ref.cpp)

@@ -1,0 +1,198 @@
+// CPU tests of the MoE ops: the fp64 routing reference on hand-built cases, and argument
+// validation that fails before anything is launched (runs without a GPU).
+#include <cmath>
+#include <set>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <encore/ops/moe.h>
+#include <encore/ref/moe.h>
+
+namespace encore {
+namespace {
+
+using ops::MoeRoutingConfig;
+
+float logit_of(double s) { return float(std::log(s / (1.0 - s))); }
+
+// DeepSeek-V3 grouping case: groups 0..4 each hold one expert at 0.99, groups 5..7 two at 0.6,
+// everything else 0.01. Group scores (top-2 sums): 1.0 for 0..4 (exact tie), 1.2 for 5..7, so
+// the kept groups are {5, 6, 7, 0}; ungrouped top-8 would take all five 0.99s instead.
+std::vector<float> grouping_case_logits() {
+  std::vector<float> u(256, logit_of(0.01));
+  for (int g = 0; g < 5; ++g) u[g * 32 + 5] = logit_of(0.99);
+  for (int g = 5; g < 8; ++g) u[g * 32 + 1] = u[g * 32 + 2] = logit_of(0.6);
+  return u;
+}
+
+TEST(MoeRouterRef, GroupedSelectionDiffersFromUngrouped) {
+  const auto u = grouping_case_logits();
+  const std::vector<float> zero_bias(256, 0.f);
+  MoeRoutingConfig grouped = MoeRoutingConfig::deepseek_v3();
+  std::vector<int> ids(8);
+  std::vector<double> w(8);
+  ref::moe_topk(grouped, u.data(), zero_bias.data(), 1, ids.data(), w.data());
+  EXPECT_EQ(ids, (std::vector<int>{5, 161, 162, 193, 194, 225, 226, 0}));
+  MoeRoutingConfig ungrouped = grouped;
+  ungrouped.n_group = ungrouped.topk_group = 1;
+  std::vector<int> flat(8);
+  ref::moe_topk(ungrouped, u.data(), zero_bias.data(), 1, flat.data(), w.data());
+  EXPECT_EQ(flat, (std::vector<int>{5, 37, 69, 101, 133, 161, 162, 193}));
+  // Weights: unbiased scores, renormalised, x2.5.
+  double sum = 0.99 + 6 * 0.6 + 0.01;
+  ref::moe_topk(grouped, u.data(), zero_bias.data(), 1, ids.data(), w.data());
+  EXPECT_NEAR(w[0], 2.5 * 0.99 / sum, 1e-6);  // scores are fp32 logits' sigmoids: ~1e-7 off
+  EXPECT_NEAR(w[7], 2.5 * 0.01 / sum, 1e-6);
+}
+
+TEST(MoeRouterRef, ExactTiesGoToTheLowerIndex) {
+  const std::vector<float> u(256, 0.25f);
+  MoeRoutingConfig kimi = MoeRoutingConfig::kimi_linear();
+  std::vector<int> ids(8);
+  std::vector<double> w(8);
+  ref::moe_topk(kimi, u.data(), nullptr, 1, ids.data(), w.data());
+  EXPECT_EQ(ids, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  for (double v : w) EXPECT_NEAR(v, double(kimi.routed_scale) / 8, 1e-12);
+}
+
+TEST(MoeRouterRef, BiasSelectsButWeightsStayUnbiased) {
+  std::vector<float> u(256);
+  for (int e = 0; e < 256; ++e) u[e] = 0.01f * float(e % 17) - 0.05f;
+  std::vector<float> bias(256, 0.f);
+  bias[200] = 10.f;
+  MoeRoutingConfig kimi = MoeRoutingConfig::kimi_linear();
+  std::vector<int> ids(8);
+  std::vector<double> w(8), w_hf(8);
+  ref::moe_topk(kimi, u.data(), bias.data(), 1, ids.data(), w.data());
+  EXPECT_EQ(ids[0], 200);
+  double sum = 0;
+  for (int j = 0; j < 8; ++j) sum += 1.0 / (1.0 + std::exp(-double(u[ids[j]])));
+  EXPECT_NEAR(w[0], double(kimi.routed_scale) / (1.0 + std::exp(-double(u[200]))) / sum, 1e-12);
+  kimi.hf_remote_biased_weights = true;  // Kimi HF remote code: weights from biased scores
+  ref::moe_topk(kimi, u.data(), bias.data(), 1, ids.data(), w_hf.data());
+  EXPECT_GT(w_hf[0], w[0] + 1.0);  // (s + 10) / (sum of biased scores) vs s / (sum of scores)
+}
+
+TEST(MoeRouterRef, SoftmaxRenormalisedEqualsSoftmaxOverSelected) {
+  std::vector<float> u(128);
+  for (int e = 0; e < 128; ++e) u[e] = std::sin(0.37f * e) * 3.f;
+  std::vector<int> ids(8);
+  std::vector<double> w(8);
+  ref::moe_topk(MoeRoutingConfig::qwen3_moe(), u.data(), nullptr, 1, ids.data(), w.data());
+  double mx = -1e30, sum = 0;
+  for (int j = 0; j < 8; ++j) mx = std::max(mx, double(u[ids[j]]));
+  for (int j = 0; j < 8; ++j) sum += std::exp(u[ids[j]] - mx);
+  for (int j = 0; j < 8; ++j) EXPECT_NEAR(w[j], std::exp(u[ids[j]] - mx) / sum, 1e-12);
+  for (int e = 0; e < 128; ++e)  // every unselected logit is below every selected one
+    if (std::find(ids.begin(), ids.end(), e) == ids.end())
+      for (int j = 0; j < 8; ++j) EXPECT_LT(u[e], u[ids[j]]);
+}
+
+// ---- validation: nothing reaches the GPU ----------------------------------------------------
+
+template <class T>
+T* fake(int slot) {  // distinct, 16-byte aligned, far-apart addresses that are never dereferenced
+  return reinterpret_cast<T*>(std::uintptr_t(slot + 1) << 40);
+}
+
+ops::MoeRouterParams good_router() {
+  ops::MoeRouterParams p;
+  p.config = MoeRoutingConfig::deepseek_v3();
+  p.weight = fake<void>(0);
+  p.bias = fake<float>(1);
+  p.h = fake<float>(2);
+  p.hidden = 2304;
+  p.batch = 4;
+  p.topk_ids = fake<int>(3);
+  p.topk_weights = fake<float>(4);
+  p.workspace = fake<void>(5);
+  p.workspace_bytes = ops::moe_router_workspace_bytes(4, 256, 2304);
+  return p;
+}
+
+ops::MoeExpertsParams good_experts() {
+  ops::MoeExpertsParams p;
+  p.gate = fake<q4k::Block>(0);
+  p.up = fake<q4k::Block>(1);
+  p.down = fake<q4k::Block>(2);
+  p.num_experts = 256;
+  p.num_shared = 1;
+  p.top_k = 8;
+  p.hidden = 2304;
+  p.inter = 1024;
+  p.batch = 8;
+  p.max_batch = 64;
+  p.h = fake<float>(3);
+  p.x = fake<float>(4);
+  p.topk_ids = fake<int>(5);
+  p.topk_weights = fake<float>(6);
+  p.workspace = fake<void>(7);
+  p.workspace_bytes = ops::moe_experts_workspace_bytes(64, 256, 1, 8, 2304, 1024);
+  return p;
+}
+
+TEST(MoeValidation, RoutingConfigs) {
+  EXPECT_TRUE(ops::validate_routing_config(MoeRoutingConfig::deepseek_v3()).ok());
+  EXPECT_TRUE(ops::validate_routing_config(MoeRoutingConfig::kimi_linear()).ok());
+  EXPECT_TRUE(ops::validate_routing_config(MoeRoutingConfig::qwen3_moe()).ok());
+  MoeRoutingConfig c = MoeRoutingConfig::kimi_linear();
+  c.num_experts = 8, c.top_k = 9;
+  EXPECT_EQ(ops::validate_routing_config(c).code(), StatusCode::kInvalidArgument) << "k > E";
+  c = MoeRoutingConfig::deepseek_v3();
+  c.n_group = 7;
+  EXPECT_EQ(ops::validate_routing_config(c).code(), StatusCode::kInvalidArgument) << "groups not dividing E";
+  c = MoeRoutingConfig::deepseek_v3();
+  c.topk_group = 9;
+  EXPECT_EQ(ops::validate_routing_config(c).code(), StatusCode::kInvalidArgument) << "topk_group > n_group";
+  c = MoeRoutingConfig::deepseek_v3();
+  c.num_experts = 16, c.topk_group = 1, c.top_k = 4;  // 1 kept group of 2 experts
+  EXPECT_EQ(ops::validate_routing_config(c).code(), StatusCode::kInvalidArgument) << "k > kept experts";
+  c = MoeRoutingConfig::kimi_linear();
+  c.num_experts = 1024;
+  EXPECT_EQ(ops::validate_routing_config(c).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(MoeValidation, RouterRejectsBadInput) {
+  EXPECT_EQ(ops::moe_router([] { auto p = good_router(); p.config.top_k = 300; return p; }(), nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ops::moe_router([] { auto p = good_router(); p.batch = 65; return p; }(), nullptr).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(ops::moe_router([] { auto p = good_router(); p.hidden = 2300; return p; }(), nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ops::moe_router([] { auto p = good_router(); p.weight = nullptr; return p; }(), nullptr).code(), StatusCode::kNullPointer);
+  EXPECT_EQ(ops::moe_router([] { auto p = good_router(); p.topk_ids = nullptr; return p; }(), nullptr).code(), StatusCode::kNullPointer);
+  EXPECT_EQ(ops::moe_router([] { auto p = good_router(); p.h = reinterpret_cast<const float*>(reinterpret_cast<std::uintptr_t>(p.h) + 4); return p; }(), nullptr).code(),
+            StatusCode::kMisaligned);
+  EXPECT_EQ(ops::moe_router([] { auto p = good_router(); p.workspace_bytes -= 4; return p; }(), nullptr).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(ops::moe_router([] { auto p = good_router(); p.topk_weights = reinterpret_cast<float*>(p.topk_ids) + 4; return p; }(), nullptr).code(),
+            StatusCode::kOverlap);
+  ops::MoeTopkParams t;
+  t.config = MoeRoutingConfig::qwen3_moe();
+  t.logits = fake<float>(0);
+  t.topk_ids = fake<int>(1);
+  t.topk_weights = nullptr;
+  EXPECT_EQ(ops::moe_topk(t, nullptr).code(), StatusCode::kNullPointer);
+}
+
+TEST(MoeValidation, ExpertsRejectBadInput) {
+  auto check = [](auto mutate, StatusCode want) {
+    ops::MoeExpertsParams p = good_experts();
+    mutate(p);
+    EXPECT_EQ(ops::moe_experts(p, nullptr).code(), want);
+  };
+  check([](auto& p) { p.top_k = 300; }, StatusCode::kInvalidArgument);
+  check([](auto& p) { p.num_experts = 4, p.top_k = 8; }, StatusCode::kInvalidArgument);  // k > E
+  check([](auto& p) { p.batch = 65; }, StatusCode::kOutOfRange);                           // over the captured maximum
+  check([](auto& p) { p.max_batch = 16, p.batch = 17; }, StatusCode::kOutOfRange);
+  check([](auto& p) { p.max_batch = 65; }, StatusCode::kInvalidArgument);
+  check([](auto& p) { p.inter = 4096; }, StatusCode::kInvalidArgument);
+  check([](auto& p) { p.hidden = 1000; }, StatusCode::kInvalidArgument);
+  check([](auto& p) { p.num_shared = 5; }, StatusCode::kInvalidArgument);
+  check([](auto& p) { p.down = nullptr; }, StatusCode::kNullPointer);
+  check([](auto& p) { p.topk_ids = nullptr; }, StatusCode::kNullPointer);
+  check([](auto& p) { p.gate = reinterpret_cast<const q4k::Block*>(reinterpret_cast<std::uintptr_t>(p.gate) + 8); }, StatusCode::kMisaligned);
+  check([](auto& p) { p.workspace_bytes = 100; }, StatusCode::kOutOfRange);
+  check([](auto& p) { p.x = const_cast<float*>(p.h) + 16; }, StatusCode::kOverlap);
+  check([](auto& p) { p.workspace = const_cast<int*>(p.topk_ids); }, StatusCode::kOverlap);
+}
+
+}  // namespace
+}  // namespace encore
