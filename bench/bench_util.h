@@ -31,8 +31,9 @@ void check_cuda(cudaError_t err, const char* what);
 int rotation_count(std::size_t bytes);
 
 // Times `enqueue(i)` for i = 0..calls-1 captured into one CUDA graph, replayed `state`'s
-// iterations; reports the median per-call time via manual timing. Counters: GB/s over
-// `bytes_per_call` and % of the measured read (or copy) bandwidth.
+// iterations (one iteration = one replay of the whole graph, timed with events: register with
+// UseManualTime()). Counters: us_median = median time per call, GB/s over `bytes_per_call`, and %
+// of the measured read (or copy) bandwidth.
 enum class Roof { kRead, kCopy };
 void time_graph(benchmark::State& state, const std::function<void(int, cudaStream_t)>& enqueue, int calls,
                 double bytes_per_call, Roof roof = Roof::kRead);

@@ -27,7 +27,7 @@ __device__ void prefetch_tile_l2(const GemvTileParams& p, int nmat, std::int64_t
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(std::uint32_t(p.row_bytes)) : "memory");
 }
 
-template <int NTOK, int NMAT>
+template <int NTOK, int NMAT, int R>
 __global__ void __launch_bounds__(kBlockThreads) gemv_kernel(const __grid_constant__ GemvTileParams p) {
   extern __shared__ __align__(16) char smem[];
   const std::int64_t tiles = gemv::num_tiles(p);
@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kBlockThreads) gemv_kernel(const __grid_consta
   device::wait_for_upstream();
   device::allow_downstream();
   bool act_cached = false;
-  for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) gemv::gemv_tile<NTOK, NMAT>(p, tile, smem, act_cached);
+  for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) gemv::gemv_tile<NTOK, NMAT, R>(p, tile, smem, act_cached);
 }
 
 // The token-count tiers the kernels are instantiated for.
@@ -48,29 +48,20 @@ Status dispatch_tokens(int batch, F&& f) {
   return f(std::integral_constant<int, 16>{});
 }
 
-// Rows per warp: the split that minimises the rows the busiest SM streams (ties: more rows per
-// warp, i.e. fewer tiles and fewer activation prologues).
-int choose_rows_per_warp(std::int64_t n, int sms) {
-  int best = 4;
-  std::int64_t best_rows = INT64_MAX;
-  for (int rw : {4, 2, 1}) {
-    const std::int64_t per_tile = gemv::rows_per_tile(rw);
-    const std::int64_t tiles = (n + per_tile - 1) / per_tile;
-    const std::int64_t busiest = (tiles + sms - 1) / sms * per_tile;
-    if (busiest < best_rows) best = rw, best_rows = busiest;
-  }
-  return best;
-}
+// Rows per warp: 4 (activations reused across 4 rows, fewer prologues) once there are at least
+// two 32-row tiles per SM; below that, 1 (8-row tiles) so the small matrix spreads over every SM.
+int choose_rows_per_warp(std::int64_t n, int sms) { return n >= 2 * gemv::rows_per_tile(4) * std::int64_t(sms) ? 4 : 1; }
 
 Status launch_gemv(GemvTileParams p, int nmat, cudaStream_t stream, GemvLaunch options) {
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   const int sms = detail::sm_count();
-  p.rows_per_warp = choose_rows_per_warp(p.n, sms);
+  // Gate/up pairs already reuse each activation read for two rows; four row pairs would spill.
+  p.rows_per_warp = nmat == 2 ? 1 : choose_rows_per_warp(p.n, sms);
   return dispatch_tokens(p.batch, [&](auto ntok) -> Status {
     constexpr int kTok = decltype(ntok)::value;
     p.chunk_blocks = int(std::min<std::size_t>(p.k_blocks, kActivationBudget / (kTok * gemv::kActBlockBytes)));
     const std::size_t smem = gemv::smem_bytes(kTok, p.chunk_blocks);
-    auto kernel = nmat == 1 ? gemv_kernel<kTok, 1> : gemv_kernel<kTok, 2>;
+    auto kernel = nmat == 2 ? gemv_kernel<kTok, 2, 1> : p.rows_per_warp == 4 ? gemv_kernel<kTok, 1, 4> : gemv_kernel<kTok, 1, 1>;
     if (smem > 48 * 1024)
       ENCORE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     int per_sm = 0;

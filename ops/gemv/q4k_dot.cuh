@@ -40,20 +40,27 @@ __device__ __forceinline__ LaneWeights decode_lane_block(const LaneBlock& w, int
   return out;
 }
 
-__device__ __forceinline__ float lane_block_dot(const LaneWeights& w, int chunk, const ActBlockView& act) {
+// One lane's activation operands for a block: its 16 lo and 16 hi codes and {d_lo, d_hi, S_lo, S_hi}.
+struct LaneActivations {
+  int lo[4], hi[4];
+  float4 meta;
+};
+
+__device__ __forceinline__ LaneActivations load_lane_activations(const ActBlockView& act, int chunk) {
   const int4 a_lo = *reinterpret_cast<const int4*>(act.codes + chunk * 16);
   const int4 a_hi = *reinterpret_cast<const int4*>(act.codes + 128 + chunk * 16);
-  const float4 meta = act.meta[chunk];
-  const int a_lo_words[4] = {a_lo.x, a_lo.y, a_lo.z, a_lo.w};
-  const int a_hi_words[4] = {a_hi.x, a_hi.y, a_hi.z, a_hi.w};
+  return {{a_lo.x, a_lo.y, a_lo.z, a_lo.w}, {a_hi.x, a_hi.y, a_hi.z, a_hi.w}, act.meta[chunk]};
+}
+
+__device__ __forceinline__ float lane_block_dot(const LaneWeights& w, const LaneActivations& a) {
   int dot_lo = 0, dot_hi = 0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    dot_lo = __dp4a(w.lo[i], a_lo_words[i], dot_lo);
-    dot_hi = __dp4a(w.hi[i], a_hi_words[i], dot_hi);
+    dot_lo = __dp4a(w.lo[i], a.lo[i], dot_lo);
+    dot_hi = __dp4a(w.hi[i], a.hi[i], dot_hi);
   }
-  return (w.sp.scale_lo * meta.x) * float(dot_lo) + (w.sp.scale_hi * meta.y) * float(dot_hi) -
-         (w.sp.min_lo * meta.z + w.sp.min_hi * meta.w);
+  return (w.sp.scale_lo * a.meta.x) * float(dot_lo) + (w.sp.scale_hi * a.meta.y) * float(dot_hi) -
+         (w.sp.min_lo * a.meta.z + w.sp.min_hi * a.meta.w);
 }
 
 }  // namespace encore::gemv

@@ -1,7 +1,8 @@
 // Q4_K GEMV family on the GPU against the fp64 references: every output element, fresh random
 // inputs, NaN-poisoned outputs. Two bounds per case:
 //   * vs ref::<op> (exact fp32 activations, dequantised weights in double): rel L2 <= 2e-2
-//     (int8 activation quantisation; ~0.5% measured on Gaussian data, specs/q4k.md §11);
+//     (int8 activation quantisation; ~0.5-1% measured on Gaussian data, specs/q4k.md §11), and
+//     3.5e-2 for silu(gate)*up, a product of two such results (errors add; seen 2.9% at n = 37);
 //   * vs ref::q4k_gemv_int8 (the kernel's own int8 arithmetic in double): rel L2 <= 1e-5, which
 //     any indexing, nibble or scale mistake breaks by orders of magnitude.
 #include <encore/ops/q4k_gemv.h>
@@ -17,6 +18,7 @@ namespace encore {
 namespace {
 
 constexpr double kExactBound = 2e-2;
+constexpr double kExactProductBound = 3.5e-2;
 constexpr double kMimicBound = 1e-5;
 
 struct Case {
@@ -180,7 +182,7 @@ TEST_P(GateUpQ4kGemvTest, MatchesReference) {
       std::vector<double> expected(h.size()), expected_up(h.size());
       ref::gate_up_q4k_gemv(p.w.data(), p.w2.data(), c.n, c.k, p.x.data(), with_norm ? p.gamma.data() : nullptr, 1e-5,
                             c.batch, p.x_stride, raw, expected.data(), expected_up.data());
-      EXPECT_LT(test::rel_l2(h, expected), kExactBound);
+      EXPECT_LT(test::rel_l2(h, expected), raw ? kExactBound : kExactProductBound);
       if (raw) EXPECT_LT(test::rel_l2(p.dy2.download(), expected_up), kExactBound);
       for (int b = 0; b < c.batch; ++b) {
         auto g = p.mimic(p.w, b, with_norm), u = p.mimic(p.w2, b, with_norm);
