@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kBlockThreads) mla_q_absorb_kernel(const __gri
 __global__ void __launch_bounds__(kBlockThreads) mla_combine_kernel(const __grid_constant__ MlaAttentionParams p) {
   extern __shared__ __align__(16) char smem[];
   encore::device::wait_for_upstream();
-  const int tiles = p.num_seqs * p.num_heads * CombineConfig::kQuarters;
+  const int tiles = p.num_seqs * p.num_heads * CombineConfig::slices(p.num_seqs);
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) mla_combine_tile(p, tile, smem);
   encore::device::allow_downstream();
 }
@@ -84,7 +84,7 @@ Status mla_q_absorb(const MlaQAbsorbParams& p, cudaStream_t stream) {
                         "mla_q_absorb_kernel", p);
 }
 
-int mla_combine_num_tiles(const MlaAttentionParams& p) { return p.num_seqs * p.num_heads * CombineConfig::kQuarters; }
+int mla_combine_num_tiles(const MlaAttentionParams& p) { return p.num_seqs * p.num_heads * CombineConfig::slices(p.num_seqs); }
 
 Status mla_combine(const MlaAttentionParams& p, cudaStream_t stream) {
   ENCORE_RETURN_IF_ERROR(mla_validate(p));

@@ -72,10 +72,20 @@ __device__ __forceinline__ void load_q(const MlaAttentionParams& p, int req, int
   }
 }
 
-// Page `page_idx` of request `req` -> one stage; token rows >= valid_tokens are zero-filled.
-__device__ __forceinline__ void load_page(const MlaAttentionParams& p, int req, int page_idx, int valid_tokens,
+// Page id of (request, page); read one iteration ahead so its latency hides behind compute.
+__device__ __forceinline__ std::int32_t page_id_of(const MlaAttentionParams& p, int req, int page_idx) {
+  return p.cache.block_table[std::int64_t(req) * p.cache.block_table_stride + page_idx];
+}
+
+// Page `page_id` -> one stage; token rows >= valid_tokens are zero-filled. A page id outside the
+// pool is never read: the stage is zero-filled and the step is flagged.
+__device__ __forceinline__ void load_page(const MlaAttentionParams& p, std::int32_t page_id, int valid_tokens,
                                           __nv_bfloat16* stage) {
-  const std::int32_t page_id = p.cache.block_table[std::int64_t(req) * p.cache.block_table_stride + page_idx];
+  if (page_id < 0 || page_id >= p.cache.num_pages) {
+    if (threadIdx.x == 0) atomicOr(p.error_flag, kMlaErrorPageId);
+    valid_tokens = 0;
+    page_id = 0;
+  }
   const __nv_bfloat16* base = p.cache.pages + std::int64_t(page_id) * kMlaPageTokens * kMlaRowDim;
   for (int c = threadIdx.x; c < kMlaPageTokens * Cfg::kChunksPerRow; c += kBlockThreads) {
     const int row = c / Cfg::kChunksPerRow, chunk = c % Cfg::kChunksPerRow;
@@ -123,7 +133,7 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
     for (int s = 0; s < Cfg::kStages; ++s) {
       if (s < num_pages) {
         const int pg = page_begin + s;
-        load_page(p, req, pg, min(token_end - pg * kMlaPageTokens, kMlaPageTokens),
+        load_page(p, page_id_of(p, req, pg), min(token_end - pg * kMlaPageTokens, kMlaPageTokens),
                   sm.page + s * kMlaPageTokens * Cfg::kRowStride);
       }
       device::cp_async_commit();
@@ -141,30 +151,39 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
       const int pg = page_begin + i;
       const int valid_tokens = min(token_end - pg * kMlaPageTokens, kMlaPageTokens);
       const __nv_bfloat16* kv = sm.page + (i % Cfg::kStages) * kMlaPageTokens * Cfg::kRowStride;
+      const std::int32_t next_id = i + Cfg::kStages < num_pages ? page_id_of(p, req, pg + Cfg::kStages) : 0;
       device::cp_async_wait<Cfg::kStages - 1>();
       __syncthreads();
 
       // ---- scores: 16 rows x 16 tokens per warp over k = 576
       {
         const int mt = warp % 2, tg = warp / 2;
-        float s_acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        // Two accumulator sets (even / odd k-steps) halve the dependent mma chains.
+        float s_acc[2][2][4] = {};  // [set][n-tile][fragment]
         const __nv_bfloat16* a_ptr = sm.q + (mt * 16 + lane % 16) * Cfg::kRowStride + (lane / 16) * 8;
         const int mat = lane / 8;
         const __nv_bfloat16* b_ptr = kv + (tg * 16 + (mat / 2) * 8 + lane % 8) * Cfg::kRowStride + (mat % 2) * 8;
-#pragma unroll 4
-        for (int k = 0; k < kMlaRowDim; k += 16) {
-          std::uint32_t a[4], b[4];
-          device::ldmatrix_x4(a, a_ptr + k);
-          device::ldmatrix_x4(b, b_ptr + k);
-          device::mma_bf16_16816(s_acc[0], a, b[0], b[1]);
-          device::mma_bf16_16816(s_acc[1], a, b[2], b[3]);
+#pragma unroll 3
+        for (int k = 0; k < kMlaRowDim; k += 32) {
+#pragma unroll
+          for (int set = 0; set < 2; ++set) {
+            std::uint32_t a[4], b[4];
+            device::ldmatrix_x4(a, a_ptr + k + 16 * set);
+            device::ldmatrix_x4(b, b_ptr + k + 16 * set);
+            device::mma_bf16_16816(s_acc[set][0], a, b[0], b[1]);
+            device::mma_bf16_16816(s_acc[set][1], a, b[2], b[3]);
+          }
         }
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s_acc[0][nt][e] += s_acc[1][nt][e];
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const int row = mt * 16 + lane / 4, col = tg * 16 + nt * 8 + (lane % 4) * 2;
-          *reinterpret_cast<float2*>(sm.scores + row * Cfg::kScoreStride + col) = make_float2(s_acc[nt][0], s_acc[nt][1]);
+          *reinterpret_cast<float2*>(sm.scores + row * Cfg::kScoreStride + col) = make_float2(s_acc[0][nt][0], s_acc[0][nt][1]);
           *reinterpret_cast<float2*>(sm.scores + (row + 8) * Cfg::kScoreStride + col) =
-              make_float2(s_acc[nt][2], s_acc[nt][3]);
+              make_float2(s_acc[0][nt][2], s_acc[0][nt][3]);
         }
       }
       __syncthreads();
@@ -197,6 +216,7 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
             make_uint4(packed[0], packed[1], packed[2], packed[3]);
 #pragma unroll
         for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        __syncwarp();  // every lane of the row has read row_max before lane 0 updates it
         if (sub == 0) {
           const float alpha = exp2f(old_max - new_max);  // 0 on the first page
           sm.row_alpha[row] = alpha;
@@ -244,7 +264,7 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
 
       if (i + Cfg::kStages < num_pages) {
         const int next = pg + Cfg::kStages;
-        load_page(p, req, next, min(token_end - next * kMlaPageTokens, kMlaPageTokens),
+        load_page(p, next_id, min(token_end - next * kMlaPageTokens, kMlaPageTokens),
                   sm.page + (i % Cfg::kStages) * kMlaPageTokens * Cfg::kRowStride);
       }
       device::cp_async_commit();

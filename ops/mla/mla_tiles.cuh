@@ -22,11 +22,7 @@ inline std::size_t mla_sched_smem_bytes(int num_seqs) { return std::size_t(num_s
 __device__ inline void mla_sched_tile(const MlaSchedParams& p, int /*tile*/, char* smem) {
   int* pages = reinterpret_cast<int*>(smem);  // [num_seqs]
   __shared__ int flag;
-  __shared__ long long total_cost;
-  if (threadIdx.x == 0) {
-    flag = 0;
-    total_cost = 0;
-  }
+  if (threadIdx.x == 0) flag = 0;
   __syncthreads();
   const int capacity = p.cache.max_pages_per_seq * kMlaPageTokens;
   int my_flag = 0;
@@ -34,32 +30,27 @@ __device__ inline void mla_sched_tile(const MlaSchedParams& p, int /*tile*/, cha
   for (int b = threadIdx.x; b < p.num_seqs; b += kBlockThreads) {
     const int len = p.seq_lens[b];
     if (len < 0 || len > capacity) my_flag |= kMlaErrorLength;
-    if (p.positions != nullptr && len > 0 && p.positions[b] != len - 1) my_flag |= kMlaErrorPosition;
+    const int pos = p.positions != nullptr ? p.positions[b] : len - 1;
+    if (len > 0 && pos != len - 1) my_flag |= kMlaErrorPosition;
+    // The page the append will write (pages read by attention are checked where they are read).
+    if (len > 0 && len <= capacity) {
+      const std::int32_t id = p.cache.block_table[std::int64_t(b) * p.cache.block_table_stride + (len - 1) / kMlaPageTokens];
+      if (id < 0 || id >= p.cache.num_pages) my_flag |= kMlaErrorPageId;
+    }
     pages[b] = plan_pages(len, capacity);
     my_cost += pages[b] + p.fixed_overhead;
   }
-  // Page ids in use: one warp per request, lanes over its pages.
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int b = warp; b < p.num_seqs; b += kWarpsPerBlock) {
-    const int len = min(max(p.seq_lens[b], 0), capacity);
-    const int used = (len + kMlaPageTokens - 1) / kMlaPageTokens;
-    const std::int32_t* row = p.cache.block_table + std::int64_t(b) * p.cache.block_table_stride;
-#pragma unroll 4
-    for (int j = lane; j < used; j += 32) {
-      const std::int32_t id = row[j];
-      if (id < 0 || id >= p.cache.num_pages) my_flag |= kMlaErrorPageId;
-    }
-  }
   using Reduce = cub::BlockReduce<long long, kBlockThreads>;
   __shared__ typename Reduce::TempStorage reduce_storage;
+  __shared__ long long total_cost;
   const long long cost = Reduce(reduce_storage).Sum(my_cost);
   if (my_flag) atomicOr(&flag, my_flag);  // integer OR: order-free, deterministic
   if (threadIdx.x == 0) total_cost = cost;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    plan_walk(p.num_seqs, p.num_parts, p.fixed_overhead, total_cost, [&](int b) { return pages[b]; }, p.sched_meta,
-              p.num_splits);
-    *p.error_flag = flag;
+  if (threadIdx.x < 32) {
+    plan_walk_fast(p.num_seqs, p.num_parts, p.fixed_overhead, total_cost, [&](int b) { return pages[b]; }, p.sched_meta,
+                   p.num_splits, int(threadIdx.x), 32);
+    if (threadIdx.x == 0) *p.error_flag = flag;
   }
 }
 
@@ -154,26 +145,28 @@ __device__ inline void mla_q_absorb_tile(const MlaQAbsorbParams& p, int tile, ch
   }
 }
 
-// ---- combine (tile = (request, head, 128-column quarter)) ----------------------------------------
+// ---- combine (tile = (request, head, column slice)) --------------------------------------------
+// Few requests (many splits each): 4 slices of 128 columns per row, so more blocks share the
+// reads. Many requests (few splits each): one slice of 512 columns, so fewer, fuller tiles.
 struct CombineConfig {
-  static constexpr int kCols = 128;
-  static constexpr int kQuarters = kMlaLatentDim / kCols;
+  __host__ __device__ static int slices(int num_seqs) { return num_seqs >= 8 ? 1 : 4; }
 };
 inline std::size_t mla_combine_smem_bytes(int num_parts) {
-  return (std::size_t(num_parts) + 1) * sizeof(float) + std::size_t(kWarpsPerBlock) * CombineConfig::kCols * sizeof(float) + 16;
+  return (std::size_t(num_parts) + 1) * sizeof(float) + std::size_t(kWarpsPerBlock) * kMlaLatentDim * sizeof(float) + 16;
 }
 
 __device__ inline void mla_combine_tile(const MlaAttentionParams& p, int tile, char* smem) {
-  using Cfg = CombineConfig;
   if (device::step_flagged(p.error_flag)) return;
-  const int quarter = tile % Cfg::kQuarters;
-  const int head = (tile / Cfg::kQuarters) % p.num_heads;
-  const int req = tile / Cfg::kQuarters / p.num_heads;
+  const int slices = CombineConfig::slices(p.num_seqs);
+  const int cols = kMlaLatentDim / slices, vecs = cols / 128;  // float4 per lane: 1 or 4
+  const int slice = tile % slices;
+  const int head = (tile / slices) % p.num_heads;
+  const int req = tile / slices / p.num_heads;
   const int first = p.num_splits[req];
   const int splits = p.num_splits[req + 1] - first;
   if (splits <= 1) return;  // written final by the split-KV tile
-  float* red = reinterpret_cast<float*>(smem);                   // [8 warps][128]
-  float* weight = red + kWarpsPerBlock * Cfg::kCols;             // [splits]
+  float* red = reinterpret_cast<float*>(smem);                   // [8 warps][cols]
+  float* weight = red + kWarpsPerBlock * kMlaLatentDim;          // [splits]
   __shared__ float lse_total;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (warp == 0) {
@@ -194,30 +187,41 @@ __device__ inline void mla_combine_tile(const MlaAttentionParams& p, int tile, c
   }
   __syncthreads();
   // Warp w sums splits w, w+8, ...; the eight partial sums are then added in warp order.
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  const int col = quarter * Cfg::kCols + lane * 4;
+  float4 acc[4];
+#pragma unroll
+  for (int v = 0; v < 4; ++v) acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int col0 = slice * cols + lane * 4;  // lane's float4 v sits at col0 + 128 v
+#pragma unroll 2
   for (int i = warp; i < splits; i += kWarpsPerBlock) {
     const float w = weight[i];
-    const float4 o = *reinterpret_cast<const float4*>(p.partial_o + (std::int64_t(first + i) * p.num_heads + head) * kMlaLatentDim + col);
-    acc.x += w * o.x;
-    acc.y += w * o.y;
-    acc.z += w * o.z;
-    acc.w += w * o.w;
+    const float* o = p.partial_o + (std::int64_t(first + i) * p.num_heads + head) * kMlaLatentDim + col0;
+#pragma unroll
+    for (int v = 0; v < 4; ++v)
+      if (v < vecs) {
+        const float4 x = *reinterpret_cast<const float4*>(o + 128 * v);
+        acc[v].x += w * x.x;
+        acc[v].y += w * x.y;
+        acc[v].z += w * x.z;
+        acc[v].w += w * x.w;
+      }
   }
-  *reinterpret_cast<float4*>(red + warp * Cfg::kCols + lane * 4) = acc;
+#pragma unroll
+  for (int v = 0; v < 4; ++v)
+    if (v < vecs) *reinterpret_cast<float4*>(red + warp * kMlaLatentDim + lane * 4 + 128 * v) = acc[v];
   __syncthreads();
-  if (warp == 0) {
-    float4 total = *reinterpret_cast<const float4*>(red + lane * 4);
+  // All 256 threads add the eight rows in warp order: thread t owns float4 t of the slice.
+  for (int c = threadIdx.x; c < cols / 4; c += kBlockThreads) {
+    float4 total = *reinterpret_cast<const float4*>(red + c * 4);
     for (int w = 1; w < kWarpsPerBlock; ++w) {
-      const float4 v = *reinterpret_cast<const float4*>(red + w * Cfg::kCols + lane * 4);
-      total.x += v.x;
-      total.y += v.y;
-      total.z += v.z;
-      total.w += v.w;
+      const float4 x = *reinterpret_cast<const float4*>(red + w * kMlaLatentDim + c * 4);
+      total.x += x.x;
+      total.y += x.y;
+      total.z += x.z;
+      total.w += x.w;
     }
-    *reinterpret_cast<float4*>(p.o_lat + (std::int64_t(req) * p.num_heads + head) * kMlaLatentDim + col) = total;
-    if (quarter == 0 && lane == 0) p.lse[std::int64_t(req) * p.num_heads + head] = lse_total;
+    *reinterpret_cast<float4*>(p.o_lat + (std::int64_t(req) * p.num_heads + head) * kMlaLatentDim + slice * cols + c * 4) = total;
   }
+  if (slice == 0 && threadIdx.x == 0) p.lse[std::int64_t(req) * p.num_heads + head] = lse_total;
   __syncthreads();  // smem reused by the next tile of a grid-stride loop
 }
 

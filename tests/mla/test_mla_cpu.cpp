@@ -11,6 +11,7 @@
 #include <encore/ops/mla.h>
 #include <encore/ref/mla.h>
 
+#include "mla/mla_plan.h"
 #include "test_util.h"
 
 namespace encore {
@@ -69,6 +70,40 @@ TEST(MlaSchedCpu, CoversEveryPageOnceAcrossShapes) {
       std::vector<std::int32_t> lens(n);
       for (auto& l : lens) l = int(rng() % 9000);
       check_plan(lens, parts, int(rng() % 8));
+    }
+  }
+}
+
+// The scheduler kernel's O(N) walk (cooperating lanes) gives exactly the plain walk's plan.
+TEST(MlaSchedCpu, FastWalkEqualsPlainWalk) {
+  std::mt19937_64 rng(test::fresh_seed());
+  auto compare = [](const std::vector<std::int32_t>& lens, int parts, int overhead) {
+    const ref::MlaSchedule want = ref::mla_sched(lens, parts, overhead);
+    long long total = 0;
+    for (int l : lens) total += mla::plan_pages(l, 1 << 30) + overhead;
+    for (int lanes : {1, 3, 32}) {
+      std::vector<std::int32_t> meta(want.meta.size(), 12345), splits(want.num_splits.size(), 12345);
+      for (int lane = 0; lane < lanes; ++lane)
+        mla::plan_walk_fast(int(lens.size()), parts, overhead, total, [&](int b) { return mla::plan_pages(lens[b], 1 << 30); },
+                            meta.data(), splits.data(), lane, lanes);
+      ASSERT_EQ(meta, want.meta) << "N=" << lens.size() << " P=" << parts << " C=" << overhead << " lanes=" << lanes;
+      ASSERT_EQ(splits, want.num_splits) << "N=" << lens.size() << " P=" << parts << " C=" << overhead;
+    }
+  };
+  for (int parts : {1, 2, 5, 33, 66, 132}) {
+    compare({1}, parts, 5);
+    compare({0}, parts, 5);
+    compare({4096}, parts, 5);
+    compare({131072}, parts, 5);
+    compare({131072}, parts, 0);
+    compare(std::vector<std::int32_t>(128, 8192), parts, 5);
+    compare({1, 20, 63, 64, 65, 140, 4096, 0}, parts, 5);
+    for (int trial = 0; trial < 50; ++trial) {
+      const int n = 1 + int(rng() % 300);
+      std::vector<std::int32_t> lens(n);
+      const int max_len = trial % 2 ? 1000 : 40000;
+      for (auto& l : lens) l = int(rng() % max_len);
+      compare(lens, parts, int(rng() % 9));
     }
   }
 }
@@ -157,7 +192,7 @@ MlaAttentionParams good_attention() {
   p.seq_lens = fake<const std::int32_t>(0x210000);
   p.sched_meta = fake<const std::int32_t>(0x220000);
   p.num_splits = fake<const std::int32_t>(0x230000);
-  p.error_flag = fake<const std::int32_t>(0x240000);
+  p.error_flag = fake<std::int32_t>(0x240000);
   p.num_seqs = 2;
   p.num_heads = 32;
   p.num_parts = 4;

@@ -10,9 +10,12 @@
 //   mla_combine      LSE-weighted merge of the splits (requests with one split are skipped).
 //   mla_v_up         o[h] = W_UV[h] o_lat[h], ready for o_proj.
 // Everything that changes per token (lengths, positions, block table) is read from device memory,
-// so one captured graph serves any lengths. When the scheduler finds bad device-side input it sets
-// *error_flag (MlaError bits); append then writes nothing to the cache and attention/combine
-// write nothing at all. The host reads the flag after the step.
+// so one captured graph serves any lengths. Bad device-side input is flagged in *error_flag
+// (MlaError bits) and never corrupts or overreads memory: the scheduler checks every length, position
+// and the page each append will write, and then append writes nothing to the cache and attention /
+// combine write nothing at all; split-KV checks each page id it reads, replaces a bad page by zeros
+// and sets kMlaErrorPageId (that step's attention outputs are then meaningless; the cache is never
+// written by attention). The host reads the flag after the step.
 #pragma once
 
 #include <cstdint>
@@ -124,7 +127,7 @@ struct MlaAttentionParams {
   const std::int32_t* seq_lens = nullptr;   // [num_seqs]
   const std::int32_t* sched_meta = nullptr; // [num_parts][8] from mla_sched
   const std::int32_t* num_splits = nullptr; // [num_seqs + 1] from mla_sched
-  const std::int32_t* error_flag = nullptr; // [1] from mla_sched
+  std::int32_t* error_flag = nullptr;       // [1] from mla_sched; split-KV ORs in kMlaErrorPageId
   int num_seqs = 0;
   int num_heads = 0;
   int num_parts = 0;                        // the value given to mla_sched
