@@ -107,6 +107,29 @@ struct KdaBenchSetup {
 
 // ---- unfused chain (bench-only comparison) ------------------------------------------------------
 
+// Dot product of one bf16 weight row (global or shared) with a shared fp32 vector, by the 16 lanes
+// of a half-warp (each lane takes 8-value chunks lane16, lane16 + 16, ...); every lane of the half
+// gets the sum.
+__device__ __forceinline__ float half_warp_dot_bf16(const __nv_bfloat16* row, const float* vec, int rank,
+                                                    int lane16) {
+  float acc = 0.f;
+  for (int c = lane16; c < rank / 8; c += 16) {
+    const uint4 raw = reinterpret_cast<const uint4*>(row)[c];
+    const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+    const float* x = vec + 8 * c;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      // bf16 -> fp32 is a 16-bit shift (exact).
+      acc = fmaf(__uint_as_float(words[w] << 16), x[2 * w], acc);
+      acc = fmaf(__uint_as_float(words[w] & 0xffff0000u), x[2 * w + 1], acc);
+    }
+  }
+#pragma unroll
+  for (int m = 8; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+  return acc;
+}
+
+
 __global__ void unfused_conv_kernel(ops::KdaParams p, float* qkv_ws) {
   const std::int64_t P = std::int64_t(p.num_heads) * p.head_dim, C = 3 * P;
   device::wait_for_upstream();
@@ -162,7 +185,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
     const bool decay = j < D;
     const int jj = decay ? j : j - D;
     const std::int64_t wr = (std::int64_t(head) * D + jj) * kRank;
-    const float dot = device::kda::half_warp_dot_bf16(decay ? p.f_b_weight + wr : p.g_b_weight + wr,
+    const float dot = half_warp_dot_bf16(decay ? p.f_b_weight + wr : p.g_b_weight + wr,
                                                       decay ? fa_ga : fa_ga + kRank, kRank, lane & 15);
     if ((lane & 15) == 0) {
       if (decay)
@@ -245,8 +268,8 @@ void BM_KdaFusedChecked(benchmark::State& state) { run(state, 1); }
 void BM_KdaUnfused(benchmark::State& state) { run(state, 2); }
 
 BENCHMARK(BM_KdaFused)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->Arg(256)->UseManualTime();
-BENCHMARK(BM_KdaFusedChecked)->Arg(1)->Arg(8)->Arg(64)->UseManualTime();
-BENCHMARK(BM_KdaUnfused)->Arg(1)->Arg(8)->Arg(64)->Arg(256)->UseManualTime();
+BENCHMARK(BM_KdaFusedChecked)->Arg(1)->Arg(64)->UseManualTime();
+BENCHMARK(BM_KdaUnfused)->Arg(1)->Arg(64)->UseManualTime();
 
 }  // namespace
 }  // namespace encore::bench

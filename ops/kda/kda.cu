@@ -110,8 +110,8 @@ Status kda_validate(const KdaParams& p) {
   ENCORE_REQUIRE(p.batch >= 1, StatusCode::kInvalidArgument, "kda: batch must be >= 1 (got ", p.batch, ")");
   ENCORE_REQUIRE(std::int64_t(p.batch) * p.num_heads < (1LL << 31), StatusCode::kInvalidArgument,
                  "kda: batch * num_heads exceeds the tile index range");
-  ENCORE_REQUIRE(p.gate_rank >= 8 && p.gate_rank <= 256 && p.gate_rank % 8 == 0, StatusCode::kInvalidArgument,
-                 "kda: gate_rank must be a multiple of 8 in [8, 256] (got ", p.gate_rank, ")");
+  ENCORE_REQUIRE(p.gate_rank >= 64 && p.gate_rank <= 256 && p.gate_rank % 64 == 0, StatusCode::kInvalidArgument,
+                 "kda: gate_rank must be 64, 128, 192 or 256 (got ", p.gate_rank, ")");
   ENCORE_REQUIRE(p.proj_stride >= kda_proj_width(p) && p.proj_stride % 4 == 0, StatusCode::kInvalidArgument,
                  "kda: proj_stride must be a multiple of 4 and >= ", kda_proj_width(p), " (got ", p.proj_stride, ")");
   ENCORE_REQUIRE(std::isfinite(p.norm_eps) && p.norm_eps > 0.f, StatusCode::kInvalidArgument,

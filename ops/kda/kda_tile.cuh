@@ -95,27 +95,10 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// Dot product of one bf16 weight row (global or shared) with a shared fp32 vector, by the 16 lanes
-// of a half-warp (each lane takes 8-value chunks lane16, lane16 + 16, ...); every lane of the half
-// gets the sum.
-__device__ __forceinline__ float half_warp_dot_bf16(const __nv_bfloat16* row, const float* vec, int rank,
-                                                    int lane16) {
-  float acc = 0.f;
-  for (int c = lane16; c < rank / 8; c += 16) {
-    const uint4 raw = reinterpret_cast<const uint4*>(row)[c];
-    const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-    const float* x = vec + 8 * c;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      // bf16 -> fp32 is a 16-bit shift (exact).
-      acc = fmaf(__uint_as_float(words[w] << 16), x[2 * w], acc);
-      acc = fmaf(__uint_as_float(words[w] & 0xffff0000u), x[2 * w + 1], acc);
-    }
-  }
-#pragma unroll
-  for (int m = 8; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
-  return acc;
-}
+
+// Shared layout of a gate-weight row: 16-byte chunk c of row j sits at chunk c ^ (j & 7), so the
+// 8 rows read by a quarter-warp at the same c hit 8 different bank groups (rank % 64 == 0).
+__device__ __forceinline__ int swizzle(int row, int chunk) { return chunk ^ (row & 7); }
 
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* global_src) {
   const unsigned dst = unsigned(__cvta_generic_to_shared(smem_dst));
@@ -135,9 +118,61 @@ __device__ __forceinline__ void tile_issue_weight_copy(const ops::KdaParams& p, 
   const uint4* fb = reinterpret_cast<const uint4*>(p.f_b_weight + std::int64_t(head) * D * p.gate_rank);
   const uint4* gb = reinterpret_cast<const uint4*>(p.g_b_weight + std::int64_t(head) * D * p.gate_rank);
   uint4* dst = reinterpret_cast<uint4*>(sm.gate_weights);
+  const int row_chunks = p.gate_rank / 8;
   for (int c = threadIdx.x; c < chunks; c += kBlockThreads) {
-    cp_async_16(dst + c, fb + c);
-    cp_async_16(dst + chunks + c, gb + c);
+    const int row = c / row_chunks, chunk = c - row * row_chunks;
+    const int slot = row * row_chunks + swizzle(row, chunk);
+    cp_async_16(dst + slot, fb + c);
+    cp_async_16(dst + D * row_chunks + slot, gb + c);  // row + D has the same swizzle (D % 8 == 0)
+  }
+}
+
+// Dot product of gate-weight row j (shared, swizzled) with the fp32 vector vec[rank], by
+// ThreadsPerRow adjacent threads (part = 0..ThreadsPerRow-1 takes chunks part, part + ThreadsPerRow, ...).
+template <int ThreadsPerRow>
+__device__ __forceinline__ float gate_row_dot(const Smem& sm, int j, int part, int chunks, const float* vec) {
+  const uint4* row = reinterpret_cast<const uint4*>(sm.gate_weights) + j * chunks;
+  float acc = 0.f;
+#pragma unroll 4
+  for (int c = part; c < chunks; c += ThreadsPerRow) {
+    const uint4 raw = row[swizzle(j, c)];
+    const float4 x0 = reinterpret_cast<const float4*>(vec)[2 * c];
+    const float4 x1 = reinterpret_cast<const float4*>(vec)[2 * c + 1];
+    // bf16 -> fp32 is a 16-bit shift (exact); element 2i is the low half of word i.
+    acc = fmaf(__uint_as_float(raw.x << 16), x0.x, acc);
+    acc = fmaf(__uint_as_float(raw.x & 0xffff0000u), x0.y, acc);
+    acc = fmaf(__uint_as_float(raw.y << 16), x0.z, acc);
+    acc = fmaf(__uint_as_float(raw.y & 0xffff0000u), x0.w, acc);
+    acc = fmaf(__uint_as_float(raw.z << 16), x1.x, acc);
+    acc = fmaf(__uint_as_float(raw.z & 0xffff0000u), x1.y, acc);
+    acc = fmaf(__uint_as_float(raw.w << 16), x1.z, acc);
+    acc = fmaf(__uint_as_float(raw.w & 0xffff0000u), x1.w, acc);
+  }
+#pragma unroll
+  for (int m = ThreadsPerRow / 2; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+  return acc;
+}
+
+// Sums each of v[0..Count) over the 32 lanes with Count - 1 + (5 - log2 Count) shuffles instead of
+// 5 * Count: at each level a lane keeps one half of its values and trades the other half with its
+// partner (lane ^ Mask). Afterwards v[0] of lane L holds the total of value L * Count / 32.
+template <int Count, int Mask, int N>
+__device__ __forceinline__ void warp_transpose_sum(float (&v)[N], int lane) {
+  if constexpr (Mask >= 1) {
+    if constexpr (Count > 1) {
+      constexpr int kHalf = Count / 2;
+      const bool upper = (lane & Mask) != 0;
+#pragma unroll
+      for (int i = 0; i < kHalf; ++i) {
+        const float send = upper ? v[i] : v[i + kHalf];
+        const float keep = upper ? v[i + kHalf] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, Mask);
+      }
+      warp_transpose_sum<kHalf, Mask / 2>(v, lane);
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], Mask);
+      warp_transpose_sum<1, Mask / 2>(v, lane);
+    }
   }
 }
 
@@ -201,17 +236,37 @@ __device__ __forceinline__ void tile(const ops::KdaParams& p, int tile_index, ch
   // 1. conv + SiLU, history advance.
   const float* x = p.proj + std::int64_t(row) * p.proj_stride;
   float* history = p.conv_state + std::int64_t(slot) * 3 * channels;  // [3][channels]
-  for (int c = tid; c < 3 * D; c += kBlockThreads) {
-    const int stream = c / D, j = c - stream * D;
-    const std::int64_t ch = stream * P + std::int64_t(head) * D + j;
-    const float h0 = history[ch], h1 = history[channels + ch], h2 = history[2 * channels + ch];
-    const float xt = x[ch];
-    const float4 w = __ldg(reinterpret_cast<const float4*>(p.conv_weight) + ch);
-    const float conv = w.x * h0 + w.y * h1 + w.z * h2 + w.w * xt;
-    sm.qkv[c] = conv * sigmoid(conv);
-    history[ch] = h1;
-    history[channels + ch] = h2;
-    history[2 * channels + ch] = xt;
+  {
+    // All loads of the thread's channels first (one memory round trip), then compute and store.
+    constexpr int kPerThread = (3 * D + kBlockThreads - 1) / kBlockThreads;
+    auto channel = [&](int c) {  // tile channel c (q | k | v, K each) -> proj / history column
+      const int stream = c / D;
+      return stream * P + std::int64_t(head) * D + (c - stream * D);
+    };
+    float h0[kPerThread], h1[kPerThread], h2[kPerThread], xt[kPerThread];
+    float4 w[kPerThread];
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int c = tid + i * kBlockThreads;
+      if (c < 3 * D) {
+        const std::int64_t ch = channel(c);
+        h0[i] = history[ch], h1[i] = history[channels + ch], h2[i] = history[2 * channels + ch];
+        xt[i] = x[ch];
+        w[i] = __ldg(reinterpret_cast<const float4*>(p.conv_weight) + ch);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int c = tid + i * kBlockThreads;
+      if (c < 3 * D) {
+        const std::int64_t ch = channel(c);
+        const float conv = w[i].x * h0[i] + w[i].y * h1[i] + w[i].z * h2[i] + w[i].w * xt[i];
+        sm.qkv[c] = conv * sigmoid(conv);
+        history[ch] = h1[i];
+        history[channels + ch] = h2[i];
+        history[2 * channels + ch] = xt[i];
+      }
+    }
   }
   const std::int64_t fa_offset = channels;
   for (int t = tid; t < 2 * p.gate_rank; t += kBlockThreads) sm.fa_ga[t] = x[fa_offset + t];
@@ -236,28 +291,28 @@ __device__ __forceinline__ void tile(const ops::KdaParams& p, int tile_index, ch
   for (int e = 0; e < E; ++e) q.v[e] *= q_factor, k.v[e] *= k_factor;
   kq *= q_factor * k_factor;  // = k_hat . q_hat
 
-  // 2b. gates: rows 0..D-1 of W_fb (decay), D..2D-1 of W_gb (output gate), a half-warp per row.
+  // 2b. gates: rows 0..D-1 of W_fb (decay), D..2D-1 of W_gb (output gate); kThreadsPerRow threads
+  // per row read its swizzled 16-byte chunks from shared memory (conflict-free), no shuffles for K=128.
   {
-    const int half = lane >> 4, lane16 = lane & 15;
-    const float neg_a = -expf(p.A_log[head]);
-    for (int j = 2 * warp + half; j < 2 * D; j += 2 * kWarpsPerBlock) {
-      const bool decay = j < D;
-      const int jj = decay ? j : j - D;
-      const float dot = half_warp_dot_bf16(sm.gate_weights + j * p.gate_rank,
-                                           decay ? sm.fa_ga : sm.fa_ga + p.gate_rank, p.gate_rank, lane16);
-      if (lane16 == 0) {
-        if (decay)
-          sm.alpha[jj] = expf(neg_a * softplus(dot + p.dt_bias[std::int64_t(head) * D + jj]));
-        else
-          sm.gate[jj] = sigmoid(dot);
-      }
+    constexpr int kThreadsPerRow = kBlockThreads / (2 * D);  // 1 (K=128) or 2 (K=64)
+    const int j = tid / kThreadsPerRow, part = tid % kThreadsPerRow;
+    const int chunks = p.gate_rank / 8;
+    const bool decay = j < D;
+    const float dot = gate_row_dot<kThreadsPerRow>(sm, j, part, chunks, decay ? sm.fa_ga : sm.fa_ga + p.gate_rank);
+    if (part == 0) {
+      if (decay)
+        sm.alpha[j] = expf(-expf(p.A_log[head]) * softplus(dot + p.dt_bias[std::int64_t(head) * D + j]));
+      else
+        sm.gate[j - D] = sigmoid(dot);
     }
   }
   __syncthreads();
   const LaneVec<E> alpha = load_shared<E>(sm.alpha + lane * E);
 
-  // 3. state pass.
-  float pred[R], read[R];
+  // 3. state pass. Partial sums per lane: sums[r] = p_v partial, sums[R + r] = (s'.q) partial of row
+  // v_begin + r; one transposed butterfly reduces all 2R of them (lane L ends with value L / kSpread).
+  constexpr int kSums = 2 * R, kSpread = 32 / kSums;
+  float sums[kSums];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     float pv = 0.f, av = 0.f;
@@ -267,23 +322,19 @@ __device__ __forceinline__ void tile(const ops::KdaParams& p, int tile_index, ch
       pv = fmaf(s[r].v[e], k.v[e], pv);
       av = fmaf(s[r].v[e], q.v[e], av);
     }
-    pred[r] = pv, read[r] = av;
+    sums[r] = pv, sums[R + r] = av;
   }
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1)
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      pred[r] += __shfl_xor_sync(0xffffffffu, pred[r], m);
-      read[r] += __shfl_xor_sync(0xffffffffu, read[r], m);
-    }
+  warp_transpose_sum<kSums, 16>(sums, lane);
+  const float total = sums[0];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int v = v_begin + r;
-    const float u = beta * (sm.qkv[2 * D + v] - pred[r]);
+    const float pred = __shfl_sync(0xffffffffu, total, r * kSpread);
+    const float u = beta * (sm.qkv[2 * D + v] - pred);
 #pragma unroll
     for (int e = 0; e < E; ++e) s[r].v[e] = fmaf(k.v[e], u, s[r].v[e]);
     store_stream(state + v * D + lane * E, s[r]);
-    if (lane == r % 32) sm.o[v] = fmaf(kq, u, read[r]);
+    if (lane == (R + r) * kSpread) sm.o[v] = fmaf(kq, u, total);
   }
   __syncthreads();
 

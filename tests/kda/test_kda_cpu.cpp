@@ -152,8 +152,9 @@ TEST_F(KdaValidation, RejectsBadDims) {
   expect_code(p, StatusCode::kInvalidArgument, "head_dim 256");
   p = good(), p.num_heads = 0;
   expect_code(p, StatusCode::kInvalidArgument, "num_heads 0");
-  p = good(), p.gate_rank = 12;
-  expect_code(p, StatusCode::kInvalidArgument, "gate_rank 12");
+  p = good(), p.gate_rank = 96;
+  p.proj_stride = ops::kda_proj_width(p);
+  expect_code(p, StatusCode::kInvalidArgument, "gate_rank 96");
   p = good(), p.gate_rank = 512;
   p.proj_stride = ops::kda_proj_width(p);
   expect_code(p, StatusCode::kInvalidArgument, "gate_rank 512");

@@ -66,7 +66,7 @@ struct KdaParams {
   int batch = 0;       // rows N
   int num_heads = 0;   // H
   int head_dim = 0;    // K = V, 64 or 128
-  int gate_rank = 0;   // f_a / g_a width (128 in Kimi-Linear); multiple of 8, <= 256
+  int gate_rank = 0;   // f_a / g_a width (128 in Kimi-Linear); 64, 128, 192 or 256
   int num_slots = 0;   // capacity of both pools
   float norm_eps = kKdaNormEps;
 };
