@@ -27,15 +27,25 @@ __device__ void prefetch_tile_l2(const GemvTileParams& p, int nmat, std::int64_t
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(std::uint32_t(p.row_bytes)) : "memory");
 }
 
+// The lightest body (one token, one matrix, one row per warp) fits two blocks per SM without
+// spilling; the others need their registers and rely on the L2 prefetch for bytes in flight.
 template <int NTOK, int NMAT, int R>
-__global__ void __launch_bounds__(kBlockThreads) gemv_kernel(const __grid_constant__ GemvTileParams p) {
+__global__ void __launch_bounds__(kBlockThreads, NTOK * NMAT * R == 1 ? 2 : 1) gemv_kernel(const __grid_constant__ GemvTileParams p) {
   extern __shared__ __align__(16) char smem[];
   const std::int64_t tiles = gemv::num_tiles(p);
-  if (blockIdx.x < tiles) prefetch_tile_l2(p, NMAT, blockIdx.x);
+  // The block's first tiles stream from HBM into L2 while it waits for its inputs; each later
+  // tile keeps `kLookahead` tiles in flight ahead of the one it computes.
+  constexpr int kLookahead = 2;
+  for (int ahead = 0; ahead < kLookahead; ++ahead)
+    if (blockIdx.x + std::int64_t(ahead) * gridDim.x < tiles) prefetch_tile_l2(p, NMAT, blockIdx.x + std::int64_t(ahead) * gridDim.x);
   device::wait_for_upstream();
   device::allow_downstream();
   bool act_cached = false;
-  for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) gemv::gemv_tile<NTOK, NMAT, R>(p, tile, smem, act_cached);
+  for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const std::int64_t next = tile + std::int64_t(kLookahead) * gridDim.x;
+    if (next < tiles) prefetch_tile_l2(p, NMAT, next);
+    gemv::gemv_tile<NTOK, NMAT, R>(p, tile, smem, act_cached);
+  }
 }
 
 // The token-count tiers the kernels are instantiated for.
@@ -48,15 +58,17 @@ Status dispatch_tokens(int batch, F&& f) {
   return f(std::integral_constant<int, 16>{});
 }
 
-// Rows per warp: 4 (activations reused across 4 rows, fewer prologues) once there are at least
-// two 32-row tiles per SM; below that, 1 (8-row tiles) so the small matrix spreads over every SM.
-int choose_rows_per_warp(std::int64_t n, int sms) { return n >= 2 * gemv::rows_per_tile(4) * std::int64_t(sms) ? 4 : 1; }
+// Rows per warp: 4 (each activation read feeds 4 rows; fewer prologues) for several tokens or at
+// least two 32-row tiles per SM; otherwise 1 (8-row tiles) so a small matrix spreads over every SM.
+int choose_rows_per_warp(std::int64_t n, int batch, int sms) {
+  return batch >= 4 || n >= 2 * gemv::rows_per_tile(4) * std::int64_t(sms) ? 4 : 1;
+}
 
 Status launch_gemv(GemvTileParams p, int nmat, cudaStream_t stream, GemvLaunch options) {
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   const int sms = detail::sm_count();
   // Gate/up pairs already reuse each activation read for two rows; four row pairs would spill.
-  p.rows_per_warp = nmat == 2 ? 1 : choose_rows_per_warp(p.n, sms);
+  p.rows_per_warp = nmat == 2 ? 1 : choose_rows_per_warp(p.n, p.batch, sms);
   return dispatch_tokens(p.batch, [&](auto ntok) -> Status {
     constexpr int kTok = decltype(ntok)::value;
     p.chunk_blocks = int(std::min<std::size_t>(p.k_blocks, kActivationBudget / (kTok * gemv::kActBlockBytes)));

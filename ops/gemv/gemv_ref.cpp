@@ -143,4 +143,36 @@ void q4k_gemv_int8(const q4k::Block* w, std::int64_t n, std::int64_t k, const In
   });
 }
 
+void q4k_gemv_error_model(const q4k::Block* w, std::int64_t n, std::int64_t k, const float* a, double* int8_bound,
+                          double* magnitude) {
+  const std::int64_t blocks = k / q4k::kBlockValues;
+  std::vector<double> half_step(k / 32);
+  for (std::int64_t s = 0; s < k / 32; ++s) {
+    float amax = 0.f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(a[32 * s + i]));
+    half_step[s] = 0.5 * double(amax / 127.f);
+  }
+  parallel_rows(n, [&](std::int64_t r, std::vector<float>& row) {
+    row.resize(k);
+    q4k::dequantize_row(w + r * blocks, row.data(), k);
+    double bound = 0, mag = 0;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      std::uint8_t sc[8], m[8];
+      q4k::unpack_scales(w[r * blocks + b], sc, m);
+      const double dmin = q4k::half_to_float(w[r * blocks + b].dmin);
+      for (int s = 0; s < 8; ++s) {
+        const double min_s = std::fabs(dmin * m[s]);
+        for (int i = 0; i < 32; ++i) {
+          const std::int64_t j = b * 256 + 32 * s + i;
+          const double wq = std::fabs(double(row[j])) + min_s;  // >= |D*sc*q|
+          bound += wq * half_step[j / 32];
+          mag += wq * std::fabs(double(a[j]));
+        }
+      }
+    }
+    int8_bound[r] = bound;
+    magnitude[r] = mag;
+  });
+}
+
 }  // namespace encore::ref

@@ -37,4 +37,11 @@ Int8Activations quantize_activations(const float* v, std::int64_t k);
 // computes, up to fp32 accumulation order.
 void q4k_gemv_int8(const q4k::Block* w, std::int64_t n, std::int64_t k, const Int8Activations& act, double* y);
 
+// Per-row error model of the kernels for activations `a` (what the kernel quantises: x, or x*gamma):
+//   int8_bound[r] = sum over sub-blocks s of (d_s / 2) * sum_{k in s} |W[r][k] + M[r][s]|
+// bounds |kernel - exact| from the int8 rounding of a (d_s = amax_s/127; the min term uses exact
+// sums); magnitude[r] = sum_k (|W[r][k]| + |M[r][s(k)]|) * |a_k| scales the fp32 accumulation error.
+void q4k_gemv_error_model(const q4k::Block* w, std::int64_t n, std::int64_t k, const float* a, double* int8_bound,
+                          double* magnitude);
+
 }  // namespace encore::ref
