@@ -57,7 +57,9 @@ __global__ void __launch_bounds__(kBlockThreads) moe_prepare_kernel(const __grid
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) moe::prepare_tile(p, tile, smem);
 }
 
-__global__ void __launch_bounds__(kBlockThreads) moe_gate_up_kernel(const __grid_constant__ ExpertsTileParams p) {
+// Two blocks per SM: caps registers at 128 so the (expert, row group) items fill the SMs in
+// fewer waves.
+__global__ void __launch_bounds__(kBlockThreads, 2) moe_gate_up_kernel(const __grid_constant__ ExpertsTileParams p) {
   extern __shared__ __align__(16) char smem[];
   device::wait_for_upstream();
   device::allow_downstream();
@@ -65,11 +67,13 @@ __global__ void __launch_bounds__(kBlockThreads) moe_gate_up_kernel(const __grid
   for (int item = blockIdx.x; item < items; item += gridDim.x) moe::gate_up_tile(p, item, smem);
 }
 
-__global__ void __launch_bounds__(kBlockThreads) moe_down_kernel(const __grid_constant__ ExpertsTileParams p) {
+__global__ void __launch_bounds__(kBlockThreads, 2) moe_down_kernel(const __grid_constant__ ExpertsTileParams p, int max_entries) {
   extern __shared__ __align__(16) char smem[];
   device::wait_for_upstream();
   device::allow_downstream();
-  for (int tile = blockIdx.x; tile < moe::down_tiles(p.hidden); tile += gridDim.x) moe::down_tile(p, tile, smem);
+  bool list_staged = false;
+  for (int tile = blockIdx.x; tile < moe::down_tiles(p.hidden); tile += gridDim.x)
+    moe::down_tile(p, tile, smem, max_entries, list_staged);
 }
 
 // ---- helpers ------------------------------------------------------------------------------------
@@ -336,8 +340,10 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   int grid = 0;
   ENCORE_RETURN_IF_ERROR(persistent_grid(moe_gate_up_kernel, gate_up_smem, max_active * moe::gate_up_row_groups(a.inter), grid));
   ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel, grid, gate_up_smem, stream, true, "moe gate/up kernel", p));
-  ENCORE_RETURN_IF_ERROR(persistent_grid(moe_down_kernel, 0, moe::down_tiles(a.hidden), grid));
-  return detail::launch(moe_down_kernel, grid, 0, stream, true, "moe down kernel", p);
+  const int max_entries = a.max_batch * (a.top_k + a.num_shared);
+  const std::size_t down_smem = moe::down_smem_bytes(a.num_experts + a.num_shared, max_entries);
+  ENCORE_RETURN_IF_ERROR(persistent_grid(moe_down_kernel, down_smem, moe::down_tiles(a.hidden), grid));
+  return detail::launch(moe_down_kernel, grid, down_smem, stream, true, "moe down kernel", p, max_entries);
 }
 
 }  // namespace encore::ops

@@ -78,6 +78,11 @@ __host__ __device__ constexpr std::size_t gate_up_smem_bytes(int hidden_blocks) 
          kGateUpTokensPerPass * kGateUpRowsPerItem * sizeof(float);
 }
 
+// Pulls `bytes` (a multiple of 16, < 4 GB) at `ptr` (16-byte aligned) into L2.
+__device__ __forceinline__ void prefetch_l2(const void* ptr, std::int64_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(std::uint32_t(bytes)) : "memory");
+}
+
 // ---- prepare ------------------------------------------------------------------------------------
 
 // A slot counts when its id is in range and not repeated earlier in the token.
@@ -215,6 +220,11 @@ __device__ inline void gate_up_tile(const ExpertsTileParams& p, int item, char* 
   const char* w[2] = {p.gate + expert * p.up_matrix_bytes + row * p.up_row_bytes,
                       p.up + expert * p.up_matrix_bytes + row * p.up_row_bytes};
   const int hb = p.hidden_blocks;
+  if (threadIdx.x < 2) {  // the item's 32 gate and 32 up rows are contiguous: one bulk L2 prefetch each
+    const char* rows = (threadIdx.x == 0 ? p.gate : p.up) + expert * p.up_matrix_bytes +
+                       std::int64_t(row_group) * kGateUpRowsPerItem * p.up_row_bytes;
+    prefetch_l2(rows, kGateUpRowsPerItem * p.up_row_bytes);
+  }
   char* act = smem;
   float* mid = reinterpret_cast<float*>(smem + std::size_t(kGateUpTokensPerPass) * hb * gemv::kActBlockBytes);  // [8][32]
 
@@ -252,7 +262,8 @@ __device__ inline void gate_up_tile(const ExpertsTileParams& p, int item, char* 
 #pragma unroll
           for (int t = 0; t < kGateUpTokensPerPass; ++t) {
             if (t >= count) break;
-            acc[m][t] += gemv::lane_block_dot(lw, chunk, gemv::act_block(act + (std::size_t(t) * hb + j) * gemv::kActBlockBytes));
+            acc[m][t] += gemv::lane_block_dot(
+                lw, gemv::load_lane_activations(gemv::act_block(act + (std::size_t(t) * hb + j) * gemv::kActBlockBytes), chunk));
           }
         }
       }
@@ -288,49 +299,126 @@ __device__ inline void gate_up_tile(const ExpertsTileParams& p, int item, char* 
 
 // ---- down + combine -----------------------------------------------------------------------------
 
-__device__ inline void down_tile(const ExpertsTileParams& p, int tile, char* /*smem*/) {
+// Shared memory of the down stage: the work list (staged once per block) and a window of the
+// int8 activations of the entries being processed (all 8 warps read the same entries).
+inline constexpr int kDownStageBytes = 48 * 1024;
+struct DownSmem {
+  int* num_active;     // [1]
+  int* active;         // [E+S]
+  int* offsets;        // [E+S+1]
+  int* entry_token;    // [max_entries]
+  float* entry_weight; // [max_entries]
+  char* act;           // [kDownStageBytes]
+  __host__ __device__ DownSmem(char* base, int experts, int max_entries) {
+    device::SmemAllocator alloc(base);
+    num_active = alloc.take<int>(1);
+    active = alloc.take<int>(experts);
+    offsets = alloc.take<int>(experts + 1);
+    entry_token = alloc.take<int>(max_entries);
+    entry_weight = alloc.take<float>(max_entries);
+    act = alloc.take<char>(kDownStageBytes);
+    bytes = alloc.used();
+  }
+  std::size_t bytes;
+};
+__host__ __device__ inline std::size_t down_smem_bytes(int experts, int max_entries) {
+  return DownSmem(nullptr, experts, max_entries).bytes;
+}
+
+__device__ inline void stage_work_list(const ExpertsTileParams& p, const DownSmem& s) {
+  const int num_active = *p.num_active;
+  const int entries = p.offsets[num_active];
+  for (int i = threadIdx.x; i <= num_active; i += kBlockThreads) {
+    if (i < num_active) s.active[i] = p.active[i];
+    s.offsets[i] = p.offsets[i];
+  }
+  for (int i = threadIdx.x; i < entries; i += kBlockThreads) {
+    s.entry_token[i] = p.entry_token[i];
+    s.entry_weight[i] = p.entry_weight[i];
+  }
+  if (threadIdx.x == 0) *s.num_active = num_active;
+  __syncthreads();
+}
+
+// 8 output rows (one per warp) across all active experts, ascending id (shared experts last):
+// per token, acc += w * (W_down[e][row] . h_entry) in that order, then x[t][row] += acc.
+__device__ inline void down_tile(const ExpertsTileParams& p, int tile, char* smem, int max_entries, bool& list_staged) {
+  constexpr int kTok = 4;  // entries reduced together (independent butterflies)
+  const DownSmem s(smem, p.num_experts + p.num_shared, max_entries);
+  if (!list_staged) stage_work_list(p, s);
+  list_staged = true;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunk = lane % 8, group = lane / 8;
-  const std::int64_t row = std::int64_t(tile) * kDownRowsPerTile + warp;
+  const std::int64_t row0 = std::int64_t(tile) * kDownRowsPerTile, row = row0 + warp;
   const int ib = p.inter_blocks;
-  const int num_active = *p.num_active;
+  const int num_active = *s.num_active;
+  const int entry_bytes = ib * gemv::kActBlockBytes;
+  const int stage_entries = kDownStageBytes / entry_bytes;
+  const std::int64_t tile_bytes = kDownRowsPerTile * p.down_row_bytes;  // the tile's rows of one expert
+  constexpr int kLookahead = 2 * kDownExpertsInFlight;
+  if (threadIdx.x < kLookahead && int(threadIdx.x) < num_active)
+    prefetch_l2(p.down + s.active[threadIdx.x] * p.down_matrix_bytes + row0 * p.down_row_bytes, tile_bytes);
   float acc_lo = 0.f, acc_hi = 0.f;  // tokens lane and lane + 32
 
   for (int a0 = 0; a0 < num_active; a0 += kDownExpertsInFlight) {
+    const int ahead = a0 + kLookahead + int(threadIdx.x);
+    if (threadIdx.x < kDownExpertsInFlight && ahead < num_active)
+      prefetch_l2(p.down + s.active[ahead] * p.down_matrix_bytes + row0 * p.down_row_bytes, tile_bytes);
     gemv::LaneBlock blocks[kDownExpertsInFlight][kDownBlocksPerGroup];
 #pragma unroll
     for (int u = 0; u < kDownExpertsInFlight; ++u) {
       if (a0 + u >= num_active) break;
-      const char* base = p.down + p.active[a0 + u] * p.down_matrix_bytes + row * p.down_row_bytes;
+      const char* base = p.down + s.active[a0 + u] * p.down_matrix_bytes + row * p.down_row_bytes;
 #pragma unroll
       for (int jj = 0; jj < kDownBlocksPerGroup; ++jj) {
         const int j = group + 4 * jj;
         if (j < ib) blocks[u][jj] = gemv::load_lane_block(base + j * q4k::kBlockBytes, chunk);
       }
     }
+    const int a_end = min(a0 + kDownExpertsInFlight, num_active);
+    const int first = s.offsets[a0], last = s.offsets[a_end];
+    for (int c0 = first; c0 < last; c0 += stage_entries) {
+      const int c1 = min(last, c0 + stage_entries);
+      __syncthreads();  // the previous window's readers are done
+      const uint4* src = reinterpret_cast<const uint4*>(p.act_mid + std::int64_t(c0) * entry_bytes);
+      for (int i = threadIdx.x; i < (c1 - c0) * entry_bytes / 16; i += kBlockThreads) reinterpret_cast<uint4*>(s.act)[i] = src[i];
+      __syncthreads();
 #pragma unroll
-    for (int u = 0; u < kDownExpertsInFlight; ++u) {
-      const int a = a0 + u;
-      if (a >= num_active) break;
-      gemv::LaneWeights lw[kDownBlocksPerGroup];
+      for (int u = 0; u < kDownExpertsInFlight; ++u) {
+        const int a = a0 + u;
+        if (a >= a_end) break;
+        gemv::LaneWeights lw[kDownBlocksPerGroup];
 #pragma unroll
-      for (int jj = 0; jj < kDownBlocksPerGroup; ++jj)
-        if (group + 4 * jj < ib) lw[jj] = gemv::decode_lane_block(blocks[u][jj], chunk);
-      const int end = p.offsets[a + 1];
-      for (int n = p.offsets[a]; n < end; ++n) {
-        float part = 0.f;
+        for (int jj = 0; jj < kDownBlocksPerGroup; ++jj)
+          if (group + 4 * jj < ib) lw[jj] = gemv::decode_lane_block(blocks[u][jj], chunk);
+        const int e_end = min(s.offsets[a + 1], c1);
+        for (int n0 = max(s.offsets[a], c0); n0 < e_end; n0 += kTok) {
+          float part[kTok];
 #pragma unroll
-        for (int jj = 0; jj < kDownBlocksPerGroup; ++jj) {
-          const int j = group + 4 * jj;
-          if (j < ib)
-            part += gemv::lane_block_dot(lw[jj], chunk, gemv::act_block(p.act_mid + (std::int64_t(n) * ib + j) * gemv::kActBlockBytes));
+          for (int q = 0; q < kTok; ++q) {
+            part[q] = 0.f;
+            if (n0 + q >= e_end) continue;
+#pragma unroll
+            for (int jj = 0; jj < kDownBlocksPerGroup; ++jj) {
+              const int j = group + 4 * jj;
+              if (j < ib)
+                part[q] += gemv::lane_block_dot(
+                    lw[jj], gemv::load_lane_activations(gemv::act_block(s.act + (n0 + q - c0) * entry_bytes + j * gemv::kActBlockBytes), chunk));
+            }
+          }
+#pragma unroll
+          for (int offset = 1; offset < 32; offset <<= 1)
+#pragma unroll
+            for (int q = 0; q < kTok; ++q) part[q] += __shfl_xor_sync(0xFFFFFFFFu, part[q], offset);
+#pragma unroll
+          for (int q = 0; q < kTok; ++q) {
+            if (n0 + q >= e_end) break;
+            const int t = s.entry_token[n0 + q];
+            const float contribution = s.entry_weight[n0 + q] * part[q];
+            if (t == lane) acc_lo += contribution;
+            if (t == lane + 32) acc_hi += contribution;
+          }
         }
-#pragma unroll
-        for (int offset = 1; offset < 32; offset <<= 1) part += __shfl_xor_sync(0xFFFFFFFFu, part, offset);
-        const int t = p.entry_token[n];
-        const float contribution = p.entry_weight[n] * part;
-        if (t == lane) acc_lo += contribution;
-        if (t == lane + 32) acc_hi += contribution;
       }
     }
   }

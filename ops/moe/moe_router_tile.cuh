@@ -84,20 +84,44 @@ __device__ inline void router_gemv_tile(const RouterGemvParams& p, int tile) {
   for (int b = 0; b < kRouterSliceBlocks; ++b)
     if (b < nb) load_router_weights(p, expert * hidden + (kb0 + b) * 256 + lane * 8, w[b]);
 
-  for (int t = 0; t < p.batch; ++t) {
-    float acc = 0.f;
+  // kTok tokens per round: all their activation loads are issued before the first FMA (h is
+  // read-only here, so the non-coherent path may batch them). A token's sum runs in the same order
+  // whatever the batch.
+  constexpr int kTok = 4;
+  for (int t0 = 0; t0 < p.batch; t0 += kTok) {
+    float4 x[kTok][kRouterSliceBlocks][2];
 #pragma unroll
-    for (int b = 0; b < kRouterSliceBlocks; ++b) {
-      if (b >= nb) break;
-      const float4* src = reinterpret_cast<const float4*>(p.h + t * hidden + (kb0 + b) * 256 + lane * 8);
-      const float4 x0 = src[0], x1 = src[1];
-      const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    for (int tt = 0; tt < kTok; ++tt)
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc = fmaf(w[b][i], x[i], acc);
+      for (int b = 0; b < kRouterSliceBlocks; ++b)
+        if (t0 + tt < p.batch && b < nb) {
+          const float4* src = reinterpret_cast<const float4*>(p.h + (t0 + tt) * hidden + (kb0 + b) * 256 + lane * 8);
+          x[tt][b][0] = __ldg(src);
+          x[tt][b][1] = __ldg(src + 1);
+        }
+    float acc[kTok];
+#pragma unroll
+    for (int tt = 0; tt < kTok; ++tt) {
+      acc[tt] = 0.f;
+#pragma unroll
+      for (int b = 0; b < kRouterSliceBlocks; ++b) {
+        if (b >= nb || t0 + tt >= p.batch) break;
+        const float v[8] = {x[tt][b][0].x, x[tt][b][0].y, x[tt][b][0].z, x[tt][b][0].w,
+                            x[tt][b][1].x, x[tt][b][1].y, x[tt][b][1].z, x[tt][b][1].w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[tt] = fmaf(w[b][i], v[i], acc[tt]);
+      }
     }
 #pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, offset);
-    if (lane == 0) p.partial[(std::int64_t(slice) * p.batch + t) * p.num_experts + expert] = acc;
+    for (int offset = 16; offset > 0; offset >>= 1)
+#pragma unroll
+      for (int tt = 0; tt < kTok; ++tt) acc[tt] += __shfl_xor_sync(0xFFFFFFFFu, acc[tt], offset);
+    if (lane < kTok && t0 + lane < p.batch) {
+      float mine = acc[0];
+#pragma unroll
+      for (int tt = 1; tt < kTok; ++tt) mine = lane == tt ? acc[tt] : mine;
+      p.partial[(std::int64_t(slice) * p.batch + t0 + lane) * p.num_experts + expert] = mine;
+    }
   }
 }
 
@@ -131,21 +155,27 @@ __device__ inline void router_topk_warp(const RouterTopkParams& p, int token, fl
 
   float score[kMaxScoresPerLane], choice[kMaxScoresPerLane];
   std::uint32_t taken = 0;  // bit i: expert lane*P+i selected or absent
-  float local_max = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kMaxScoresPerLane; ++i) {
-    const int e = lane * P + i;
-    score[i] = -INFINITY;
-    if (i < P && e < E) {
-      float u = 0.f;
-      for (int s = 0; s < p.slices; ++s) u += p.logits[(std::int64_t(s) * p.batch + token) * E + e];
-      if (p.logits_out) p.logits_out[std::int64_t(token) * E + e] = u;
-      score[i] = u;
-      local_max = fmaxf(local_max, u);
-    } else {
-      taken |= 1u << i;
-    }
+    score[i] = 0.f;
+    if (!(i < P && lane * P + i < E)) taken |= 1u << i;
   }
+  // Logits = sum of the slices' partials in slice order; all loads of a slice issued at once.
+  for (int s = 0; s < p.slices; ++s) {
+    const float* row = p.logits + (std::int64_t(s) * p.batch + token) * E + lane * P;
+#pragma unroll
+    for (int i = 0; i < kMaxScoresPerLane; ++i)
+      if (!(taken >> i & 1)) score[i] += __ldg(row + i);
+  }
+  float local_max = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kMaxScoresPerLane; ++i)
+    if (!(taken >> i & 1)) {
+      local_max = fmaxf(local_max, score[i]);
+      if (p.logits_out) p.logits_out[std::int64_t(token) * E + lane * P + i] = score[i];
+    } else {
+      score[i] = -INFINITY;
+    }
   if (sigmoid) {
 #pragma unroll
     for (int i = 0; i < kMaxScoresPerLane; ++i)
