@@ -9,10 +9,19 @@
 //      rest is computed;
 //   1. conv + SiLU on the tile's 3 x K channels, advance their history (raw inputs);
 //   2. every warp: L2 norms of q and k and k.q (redundantly per warp: no block barrier needed);
-//      half-warp per row: f = W_fb f_a -> alpha, r = W_gb g_a -> sigmoid(r);
+//      thread per gate row (two for K=64): f = W_fb f_a -> alpha, r = W_gb g_a -> sigmoid(r);
 //   3. state pass per v-row: s' = alpha*s; p = s'.k; a = s'.q; u = beta (v - p); s = s' + k u;
-//      o = a + (k.q) u   (reads the state once, writes it once);
+//      o = a + (k.q) u   (reads the state once, writes it once; the 2 x 16 row sums of a warp are
+//      reduced by one transposed butterfly, 31 shuffles instead of 160);
 //   4. gated RMSNorm of o over the head, write y.
+//
+// Measured (H200, 2026-12-02, bench_kda, H=32, K=V=128, cold state): 5.9 us at B=1 (latency of one
+// tile's dependent chain: slot id -> state/conv loads -> conv -> gates -> state pass -> norm),
+// 88.5 us at B=64 (78% of copy bandwidth), 323 us at B=256 (86%). Tried and replaced: half-warp
+// per gate row reading W_fb/W_gb from global (16 dependent L2 trips per warp; 12 us at B=1,
+// 155 us at B=64). Open levers: a V-split at small B (spec §6), and the 64 KiB of gate weights
+// every tile pulls from L2 (as many bytes as its state read; a tile over several sequences of one
+// head would amortise them); 128 registers cap the kernel at 2 blocks per SM.
 #pragma once
 
 #include <cstdint>
