@@ -246,6 +246,33 @@ void run_naive(benchmark::State& state, const Shape& shape) {
       kCalls, expert_bytes);
 }
 
+// The top-k alone (from fp32 logits), to split the router's time between its GEMV and top-k.
+void BM_moe_kimi_topk(benchmark::State& state) {
+  const int batch = int(state.range(0));
+  Model& m = model(kKimi);
+  std::vector<float*> logits(kCalls), weights(kCalls);
+  std::vector<int*> ids(kCalls);  // own outputs: the steps' routing must stay the router's
+  for (int i = 0; i < kCalls; ++i) {
+    ids[i] = static_cast<int*>(device_alloc(std::size_t(batch) * kKimi.top_k * 4));
+    weights[i] = static_cast<float*>(device_alloc(std::size_t(batch) * kKimi.top_k * 4));
+    logits[i] = static_cast<float*>(device_alloc(std::size_t(batch) * kKimi.num_experts * 4));
+    fill_random_floats(logits[i], std::size_t(batch) * kKimi.num_experts, 3000 + i, -3.f, 3.f);
+  }
+  time_graph(
+      state,
+      [&](int i, cudaStream_t stream) {
+        ops::MoeTopkParams p;
+        p.config = routing_for(kKimi);
+        p.logits = logits[i];
+        p.bias = m.bias;
+        p.batch = batch;
+        p.topk_ids = ids[i];
+        p.topk_weights = weights[i];
+        throw_if_error(ops::moe_topk(p, stream));
+      },
+      kCalls, double(batch) * kKimi.num_experts * 4);
+}
+
 void BM_moe_kimi_layer(benchmark::State& s) { run_moe(s, kKimi, Part::kLayer); }
 void BM_moe_kimi_router(benchmark::State& s) { run_moe(s, kKimi, Part::kRouter); }
 void BM_moe_kimi_experts(benchmark::State& s) { run_moe(s, kKimi, Part::kExperts); }
@@ -255,6 +282,7 @@ void BM_moe_ggml_shape_naive_chain(benchmark::State& s) { run_naive(s, kGgml); }
 
 BENCHMARK(BM_moe_kimi_layer)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
 BENCHMARK(BM_moe_kimi_router)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
+BENCHMARK(BM_moe_kimi_topk)->Arg(1)->Arg(64)->UseManualTime();
 BENCHMARK(BM_moe_kimi_experts)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
 BENCHMARK(BM_moe_kimi_naive_chain)->Arg(1)->Arg(8)->UseManualTime();
 BENCHMARK(BM_moe_ggml_shape_experts)->Arg(1)->Arg(8)->UseManualTime();
