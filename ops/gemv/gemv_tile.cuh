@@ -133,7 +133,9 @@ __device__ __forceinline__ void accumulate_rms(const GemvTileParams& p, int kb0,
 template <int NTOK, int NMAT, int R>
 __device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, char* smem, bool& act_cached) {
   // Lane items per round: (block, row) pairs, block-major so one activation read feeds R rows.
-  constexpr int kItems = NTOK * R * NMAT >= 32 ? 4 : 8;
+  // Few enough that the single-token bodies fit two blocks per SM (the L2 lookahead, not the
+  // registers, keeps the bytes in flight).
+  constexpr int kItems = (NTOK * R * NMAT >= 32 || (NTOK == 1 && R == 4)) ? 4 : 8;
   constexpr int kBlocksPerRound = kItems / R;
   static_assert(kItems % R == 0, "a round covers whole blocks");
   const GemvSmem s(smem, NTOK, p.chunk_blocks);

@@ -5,8 +5,9 @@
 //   * every element vs ref::q4k_gemv_int8 (the kernel's own int8 arithmetic in double) within
 //     1e-5 x the row's magnitude (fp32 accumulation): any indexing, nibble or scale mistake
 //     breaks it by orders of magnitude;
-//   * with >= 512 outputs, relative L2 vs ref::<op> <= 2e-2 (int8 activations; ~0.5-1% measured
-//     on Gaussian data, specs/q4k.md §11), 3.5e-2 for silu(gate)*up (two such errors).
+//   * with >= 512 outputs, relative L2 vs ref::<op> <= 3e-2 (int8 activations; 0.5-1% measured
+//     on Gaussian data at K >= 2304, up to 2.2% at K = 256 where a row is one block and the
+//     rounding errors do not average), 4.5e-2 for silu(gate)*up (two such errors).
 // Relative L2 over a handful of outputs says little (one output near zero dominates), hence the
 // per-element bounds.
 #include <encore/ops/q4k_gemv.h>
@@ -21,8 +22,8 @@
 namespace encore {
 namespace {
 
-constexpr double kExactBound = 2e-2;
-constexpr double kExactProductBound = 3.5e-2;
+constexpr double kExactBound = 3e-2;
+constexpr double kExactProductBound = 4.5e-2;
 constexpr double kAccumulation = 1e-5;
 constexpr std::size_t kMinOutputsForNorm = 512;
 
