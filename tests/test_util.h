@@ -69,8 +69,12 @@ class DeviceBuffer {
     EXPECT_EQ(cudaSuccess, cudaMemcpy(host.data(), ptr_, bytes(), cudaMemcpyDeviceToHost));
     return host;
   }
-  // Every byte 0xFF: NaN for fp32/bf16/fp16, -1 for integers.
-  void poison() { EXPECT_EQ(cudaSuccess, cudaMemset(ptr_, 0xFF, bytes())); }
+  // Every byte 0xFF: NaN for fp32/bf16/fp16, -1 for integers. Synchronous: the memset runs on the
+  // legacy stream, which work on cudaStreamNonBlocking streams (graph replays) does not wait for.
+  void poison() {
+    EXPECT_EQ(cudaSuccess, cudaMemset(ptr_, 0xFF, bytes()));
+    EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  }
 
  private:
   T* ptr_ = nullptr;
