@@ -86,6 +86,31 @@ struct Problem {
     dy2 = test::DeviceBuffer<float>(std::size_t(c.batch) * c.n);
   }
 
+  // Launch arguments over this problem's buffers (tests then set the options they exercise).
+  ops::Q4kGemvParams plain_params() const {
+    ops::Q4kGemvParams a;
+    a.weight = dw.get();
+    a.x = dx.get();
+    a.x_stride = x_stride;
+    a.y = dy.get();
+    a.n = c.n;
+    a.k = c.k;
+    a.batch = c.batch;
+    return a;
+  }
+  ops::GateUpQ4kGemvParams gate_up_params() const {
+    ops::GateUpQ4kGemvParams a;
+    a.gate = dw.get();
+    a.up = dw2.get();
+    a.x = dx.get();
+    a.x_stride = x_stride;
+    a.h = dy.get();
+    a.n = c.n;
+    a.k = c.k;
+    a.batch = c.batch;
+    return a;
+  }
+
   // What the kernel quantises for activation row b (x, or x * gamma) and the row scale (1/rms or 1).
   std::vector<float> activations(int b, bool with_gamma, double* scale) const {
     std::vector<float> a(x.begin() + b * x_stride, x.begin() + b * x_stride + c.k);
@@ -154,15 +179,8 @@ TEST_P(Q4kGemvTest, MatchesReference) {
   for (bool with_residual : {false, true}) {
     SCOPED_TRACE(with_residual ? "residual" : "plain");
     p.dy.poison();
-    ops::Q4kGemvParams a;
-    a.weight = p.dw.get();
-    a.x = p.dx.get();
-    a.x_stride = p.x_stride;
-    a.y = p.dy.get();
+    ops::Q4kGemvParams a = p.plain_params();
     a.residual = with_residual ? p.dresidual.get() : nullptr;
-    a.n = c.n;
-    a.k = c.k;
-    a.batch = c.batch;
     ENCORE_OK(ops::q4k_gemv(a, nullptr));
     auto y = p.dy.download();
     std::vector<double> expected(y.size());
@@ -213,18 +231,10 @@ TEST_P(GateUpQ4kGemvTest, MatchesReference) {
       SCOPED_TRACE(std::string(with_norm ? "norm " : "") + (raw ? "raw" : "silu*up"));
       p.dy.poison();
       p.dy2.poison();
-      ops::GateUpQ4kGemvParams a;
-      a.gate = p.dw.get();
-      a.up = p.dw2.get();
-      a.x = p.dx.get();
-      a.x_stride = p.x_stride;
+      ops::GateUpQ4kGemvParams a = p.gate_up_params();
       a.gamma = with_norm ? p.dgamma.get() : nullptr;
       a.output = raw ? ops::GateUpOutput::kRaw : ops::GateUpOutput::kSiluMul;
-      a.h = p.dy.get();
       a.up_out = raw ? p.dy2.get() : nullptr;
-      a.n = c.n;
-      a.k = c.k;
-      a.batch = c.batch;
       ENCORE_OK(ops::gate_up_q4k_gemv(a, nullptr));
       auto h = p.dy.download();
       std::vector<double> expected(h.size()), expected_up(h.size());
@@ -276,16 +286,8 @@ TEST(Q4kGemvDeterminism, RepeatsAndGraphReplaysAreBitIdentical) {
   ENCORE_REQUIRE_GPU();
   std::mt19937_64 rng(test::fresh_seed());
   Problem p({4096, 2304, 3}, true, rng);
-  ops::GateUpQ4kGemvParams a;
-  a.gate = p.dw.get();
-  a.up = p.dw2.get();
-  a.x = p.dx.get();
-  a.x_stride = p.x_stride;
+  ops::GateUpQ4kGemvParams a = p.gate_up_params();
   a.gamma = p.dgamma.get();
-  a.h = p.dy.get();
-  a.n = p.c.n;
-  a.k = p.c.k;
-  a.batch = p.c.batch;
   ENCORE_OK(ops::gate_up_q4k_gemv(a, nullptr));
   const auto first = p.dy.download();
   p.dy.poison();
@@ -317,15 +319,8 @@ TEST(Q4kGemvInPlace, ResidualMayBeTheOutput) {
   std::mt19937_64 rng(test::fresh_seed());
   Problem p({2304, 4096, 2}, false, rng);
   p.dy.upload(p.residual);
-  ops::Q4kGemvParams a;
-  a.weight = p.dw.get();
-  a.x = p.dx.get();
-  a.x_stride = p.x_stride;
-  a.y = p.dy.get();
+  ops::Q4kGemvParams a = p.plain_params();
   a.residual = p.dy.get();
-  a.n = p.c.n;
-  a.k = p.c.k;
-  a.batch = p.c.batch;
   ENCORE_OK(ops::q4k_gemv(a, nullptr));
   std::vector<double> expected(p.residual.size());
   ref::q4k_gemv(p.w.data(), p.c.n, p.c.k, p.x.data(), p.c.batch, p.x_stride, p.residual.data(), expected.data());
@@ -337,12 +332,7 @@ TEST(Q4kGemvValidationGpu, RejectedCallsWriteNothing) {
   ENCORE_REQUIRE_GPU();
   std::mt19937_64 rng(test::fresh_seed());
   Problem p({256, 512, 1}, false, rng);
-  ops::Q4kGemvParams a;
-  a.weight = p.dw.get();
-  a.x = p.dx.get();
-  a.y = p.dy.get();
-  a.n = 256;
-  a.k = 512;
+  ops::Q4kGemvParams a = p.plain_params();
   a.batch = 17;
   EXPECT_EQ(ops::q4k_gemv(a, nullptr).code(), StatusCode::kInvalidArgument);
   a.batch = 1;
@@ -360,13 +350,7 @@ TEST(Q4kGemvValidationGpu, FailedStreamIsRejected) {
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
   EXPECT_NE(cudaSuccess, cudaStreamQuery(stream));  // illegal during capture: invalidates it
   cudaGetLastError();
-  ops::Q4kGemvParams a;
-  a.weight = p.dw.get();
-  a.x = p.dx.get();
-  a.y = p.dy.get();
-  a.n = 256;
-  a.k = 512;
-  EXPECT_EQ(ops::q4k_gemv(a, stream).code(), StatusCode::kCudaError);
+  EXPECT_EQ(ops::q4k_gemv(p.plain_params(), stream).code(), StatusCode::kCudaError);
   cudaGraph_t graph = nullptr;
   cudaStreamEndCapture(stream, &graph);
   if (graph) cudaGraphDestroy(graph);
