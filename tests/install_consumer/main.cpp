@@ -1,6 +1,5 @@
 // Quantises a row with the installed library, decodes it, and validates a GEMV call's arguments.
-#include <encore/ops/q4k_gemv.h>
-#include <encore/q4k.h>
+#include <encore/encore.h>  // every public header must compile in a plain C++ project
 
 #include <cmath>
 #include <cstdio>

@@ -1,0 +1,14 @@
+// Umbrella header: the whole public API of encore.
+#pragma once
+
+#include <encore/device.h>
+#include <encore/ops/kda.h>
+#include <encore/ops/mla.h>
+#include <encore/ops/moe.h>
+#include <encore/ops/q4k_gemv.h>
+#include <encore/q4k.h>
+#include <encore/ref/kda.h>
+#include <encore/ref/mla.h>
+#include <encore/ref/moe.h>
+#include <encore/ref/q4k_gemv.h>
+#include <encore/status.h>
