@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One full verification pass on a GPU machine, in one call (device time is scarce): the whole
+# test suite, compute-sanitizer (memcheck, racecheck, synccheck) over small cases of every area,
+# and every benchmark to JSON. Usage, from the repository root with `build/` built here:
+#   bash bench/gpu_check.sh [OUT_DIR] [BENCH_FILTER]
+# Prints a short summary last; full logs go to OUT_DIR (default: $OUT, else ./out).
+set -uo pipefail
+out=${1:-${OUT:-out}}
+filter=${2:-.}
+mkdir -p "$out"
+tests=build/tests
+
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu_check: no NVIDIA GPU here" >&2
+  exit 1
+fi
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
+
+ctest --test-dir build -j 8 -LE install --output-on-failure > "$out/ctest.log" 2>&1
+echo "ctest rc=$? $(grep -E 'tests passed|tests failed' "$out/ctest.log")"
+grep -E '\*\*\*Failed|Failure|actual:|out of bounds' "$out/ctest.log" | head -8
+
+# Small cases that reach every kernel of each area (the invalidated-capture test is left out:
+# it makes CUDA API errors on purpose).
+declare -A small=(
+  [gemv]='Shapes/*n37_k2304_b3:Shapes/*n37_k14336_b16:Shapes/Rms*n4096_k256_b16:Q4kGemvDeterminism*:Q4kGemvInPlace*'
+  [q4k]='Q4kDequantizeGpu.*'
+  [kda]='KdaGpu.OneStep*:KdaGpu.SlotIsolationAndPadding:KdaGpu.BadSlotIdsLeaveStatesUntouched'
+  [mla]='MlaGpu.MixedBatchAllHeadCounts:MlaGpu.AppendRopePositionsAndNopeCopy:MlaGpu.BadDeviceInputLeavesCacheUntouched'
+  [moe]='MoeTopkGpu.*:MoeExpertsGpu.Small*'
+)
+for area in gemv q4k kda mla moe; do
+  for tool in memcheck racecheck synccheck; do
+    log="$out/${tool}_${area}.log"
+    compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests/encore_test_$area" --gtest_filter="${small[$area]}" > "$log" 2>&1
+    echo "$tool $area rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)"
+  done
+done
+
+build/bench/encore_bench --benchmark_filter="$filter" --benchmark_min_time=0.02 \
+  --benchmark_out="$out/bench.json" --benchmark_out_format=json > "$out/bench.log" 2>&1
+echo "bench rc=$?"
+python3 bench/summarize.py "$out/bench.json" > "$out/summary.txt" && head -1 "$out/summary.txt"
