@@ -95,21 +95,25 @@ struct Activations {
   }
 };
 
+// y = W x with the plain op (also the second half of the unfused chains).
+void plain_gemv(const q4k::Block* w, const float* x, float* y, const Shape& s, int batch, cudaStream_t stream) {
+  ops::Q4kGemvParams p;
+  p.weight = w;
+  p.x = x;
+  p.y = y;
+  p.n = s.n;
+  p.k = s.k;
+  p.batch = batch;
+  check(ops::q4k_gemv(p, stream));
+}
+
 void bench_q4k(benchmark::State& state, Shape s, int batch, bool rotate) {
   const double bytes = double(q4k::row_bytes(s.k)) * s.n;
   const int copies = rotate ? rotation_count(std::size_t(bytes)) : 1;
   Q4kWeights w(s.n, s.k, copies, 1);
   Activations a(s.n, s.k, batch);
-  time_graph(state, [&](int i, cudaStream_t st) {
-    ops::Q4kGemvParams p;
-    p.weight = w.copy(i);
-    p.x = a.x.as<float>();
-    p.y = a.y.as<float>();
-    p.n = s.n;
-    p.k = s.k;
-    p.batch = batch;
-    check(ops::q4k_gemv(p, st));
-  }, graph_calls(copies), bytes);
+  time_graph(state, [&](int i, cudaStream_t st) { plain_gemv(w.copy(i), a.x.as<float>(), a.y.as<float>(), s, batch, st); },
+             graph_calls(copies), bytes);
 }
 
 void bench_rmsnorm(benchmark::State& state, Shape s, int batch, bool fused) {
@@ -130,14 +134,7 @@ void bench_rmsnorm(benchmark::State& state, Shape s, int batch, bool fused) {
       check(ops::rmsnorm_q4k_gemv(p, st));
     } else {
       rmsnorm_kernel<<<batch, 256, 0, st>>>(a.x.as<float>(), a.gamma.as<float>(), a.tmp.as<float>(), int(s.k), 1e-5f);
-      ops::Q4kGemvParams p;
-      p.weight = w.copy(i);
-      p.x = a.tmp.as<float>();
-      p.y = a.y.as<float>();
-      p.n = s.n;
-      p.k = s.k;
-      p.batch = batch;
-      check(ops::q4k_gemv(p, st));
+      plain_gemv(w.copy(i), a.tmp.as<float>(), a.y.as<float>(), s, batch, st);
     }
   }, graph_calls(copies), bytes);
 }
@@ -161,16 +158,8 @@ void bench_gate_up(benchmark::State& state, Shape s, int batch, bool fused) {
       check(ops::gate_up_q4k_gemv(p, st));
     } else {
       rmsnorm_kernel<<<batch, 256, 0, st>>>(a.x.as<float>(), a.gamma.as<float>(), a.tmp.as<float>(), int(s.k), 1e-5f);
-      for (int m = 0; m < 2; ++m) {
-        ops::Q4kGemvParams p;
-        p.weight = (m == 0 ? gate : up).copy(i);
-        p.x = a.tmp.as<float>();
-        p.y = (m == 0 ? a.y : a.y2).as<float>();
-        p.n = s.n;
-        p.k = s.k;
-        p.batch = batch;
-        check(ops::q4k_gemv(p, st));
-      }
+      plain_gemv(gate.copy(i), a.tmp.as<float>(), a.y.as<float>(), s, batch, st);
+      plain_gemv(up.copy(i), a.tmp.as<float>(), a.y2.as<float>(), s, batch, st);
       silu_mul_kernel<<<264, 256, 0, st>>>(a.y.as<float>(), a.y2.as<float>(), a.y.as<float>(), s.n * batch);
     }
   }, graph_calls(copies), bytes);
