@@ -23,12 +23,11 @@ __device__ __forceinline__ ActBlockView act_block(const char* base) {
   return {reinterpret_cast<const std::int8_t*>(base), reinterpret_cast<const float4*>(base + 256)};
 }
 
-// Quantises 8 consecutive values v[0..7] of sub-block `sub_block` (0..7) of a 256-value block into
-// `out` (kActBlockBytes), cooperatively: the 4 lanes 4q..4q+3 of each lane quad hold one sub-block's
-// 32 values (lane % 4 = which 8). All 32 lanes must call it (shuffles); `write` masks the stores.
-// Rounding: codes round half to even of v * (127 / amax); d = amax / 127; amax = 0 gives codes 0
-// and d = 0. ref::quantize_activations mirrors this exactly.
-__device__ __forceinline__ void quantize_act_sub_block(const float (&v)[8], int sub_block, bool write, char* out) {
+// Quantises 8 consecutive values v[0..7] at positions 8*lane .. 8*lane+7 of one 256-value block,
+// cooperatively with the other 31 lanes of the warp, into `out` (kActBlockBytes). Rounding: codes
+// round half to even of v * (127 / amax); d = amax / 127; amax = 0 gives codes 0 and d = 0.
+// ref::quantize_activations mirrors this exactly.
+__device__ __forceinline__ void quantize_act_block(const float (&v)[8], char* out) {
   const int lane = threadIdx.x % 32;
   float amax = 0.f, sum = 0.f;
 #pragma unroll
@@ -43,7 +42,6 @@ __device__ __forceinline__ void quantize_act_sub_block(const float (&v)[8], int 
   const float half_sum = (lane & 1) ? partner_sum + sum : sum + partner_sum;  // lower lane's part first
   const float inv = amax > 0.f ? 127.f / amax : 0.f;
   const float d = amax / 127.f;
-  if (!write) return;
 
   std::uint32_t packed[2] = {0u, 0u};
 #pragma unroll
@@ -51,6 +49,7 @@ __device__ __forceinline__ void quantize_act_sub_block(const float (&v)[8], int 
     const int q = __float2int_rn(v[i] * inv);
     packed[i / 4] |= (std::uint32_t(q) & 0xFFu) << (8 * (i % 4));
   }
+  const int sub_block = lane / 4;          // 0..7
   const int pos = (lane % 4) * 8;          // first position inside the sub-block
   const int chunk = 2 * (sub_block / 2) + pos / 16;
   const int half = sub_block % 2;          // 0: lo, 1: hi
@@ -61,11 +60,6 @@ __device__ __forceinline__ void quantize_act_sub_block(const float (&v)[8], int 
     meta[(2 * (sub_block / 2)) * 4 + half] = d;
     meta[(2 * (sub_block / 2) + 1) * 4 + half] = d;
   }
-}
-
-// A whole 256-value block by one warp: lane l holds positions 8l .. 8l+7 (sub-block l / 4).
-__device__ __forceinline__ void quantize_act_block(const float (&v)[8], char* out) {
-  quantize_act_sub_block(v, (threadIdx.x % 32) / 4, true, out);
 }
 
 }  // namespace encore::gemv

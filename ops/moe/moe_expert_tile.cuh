@@ -168,6 +168,42 @@ __device__ inline void prepare_tile(const ExpertsTileParams& p, int tile, char* 
 
 // ---- gate/up ------------------------------------------------------------------------------------
 
+// Quantises one 32-value sub-block `sub_block` (0..7) of a 256-value block into `out`, the same
+// arithmetic and layout as gemv::quantize_act_block, with 4 lanes per sub-block (lane % 4 = which
+// 8 values). All 32 lanes must call it (shuffles); `write` masks the stores.
+__device__ __forceinline__ void quantize_act_sub_block(const float (&v)[8], int sub_block, bool write, char* out) {
+  const int lane = threadIdx.x % 32;
+  float amax = 0.f, sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    amax = fmaxf(amax, fabsf(v[i]));
+    sum += v[i];
+  }
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+  const float partner_sum = __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
+  const float half_sum = (lane & 1) ? partner_sum + sum : sum + partner_sum;
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  const float d = amax / 127.f;
+  if (!write) return;
+  std::uint32_t packed[2] = {0u, 0u};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int q = __float2int_rn(v[i] * inv);
+    packed[i / 4] |= (std::uint32_t(q) & 0xFFu) << (8 * (i % 4));
+  }
+  const int pos = (lane % 4) * 8;
+  const int chunk = 2 * (sub_block / 2) + pos / 16;
+  const int half = sub_block % 2;
+  *reinterpret_cast<uint2*>(out + half * 128 + chunk * 16 + pos % 16) = make_uint2(packed[0], packed[1]);
+  float* meta = reinterpret_cast<float*>(out + 256);
+  if ((lane & 1) == 0) meta[chunk * 4 + 2 + half] = half_sum;
+  if ((lane & 3) == 0) {
+    meta[(2 * (sub_block / 2)) * 4 + half] = d;
+    meta[(2 * (sub_block / 2) + 1) * 4 + half] = d;
+  }
+}
+
 __device__ inline void gate_up_tile(const ExpertsTileParams& p, int item, char* smem) {
   constexpr int kUnroll = 4;  // K blocks of both matrices in flight per lane
   const int row_groups = gate_up_row_groups(p.inter);
@@ -256,7 +292,7 @@ __device__ inline void gate_up_tile(const ExpertsTileParams& p, int item, char* 
       // Rows 32*row_group.. are sub-block row_group % 8 of 256-value block row_group / 8.
       const std::int64_t entry = pass + slot;
       char* out = p.act_mid + (entry * p.inter_blocks + row_group / 8) * gemv::kActBlockBytes;
-      gemv::quantize_act_sub_block(v, row_group % 8, slot < count, out);
+      quantize_act_sub_block(v, row_group % 8, slot < count, out);
     }
   }
 }
