@@ -6,6 +6,7 @@
 #include <encore/ops/mla.h>
 #include <encore/ops/moe.h>
 #include <encore/ops/q4k_gemv.h>
+#include <encore/pipeline/model_config.h>
 #include <encore/q4k.h>
 #include <encore/ref/kda.h>
 #include <encore/ref/mla.h>
