@@ -38,6 +38,7 @@ __global__ void __launch_bounds__(kBlockThreads) router_gemv_kernel(const __grid
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) moe::router_gemv_tile(p, tile);
 }
 
+template <int P>
 __global__ void __launch_bounds__(kBlockThreads) router_topk_kernel(const __grid_constant__ RouterTopkParams p) {
   extern __shared__ __align__(16) char smem[];
   device::wait_for_upstream();
@@ -46,7 +47,7 @@ __global__ void __launch_bounds__(kBlockThreads) router_topk_kernel(const __grid
   float* choice = reinterpret_cast<float*>(smem) + warp * p.config.num_experts;
   for (int tile = blockIdx.x; tile < moe::router_topk_tiles(p.batch); tile += gridDim.x) {
     const int token = tile * kWarpsPerBlock + warp;
-    if (token < p.batch) moe::router_topk_warp(p, token, choice);
+    if (token < p.batch) moe::router_topk_warp<P>(p, token, choice);
   }
 }
 
@@ -57,6 +58,17 @@ __global__ void __launch_bounds__(kBlockThreads) moe_prepare_kernel(const __grid
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) moe::prepare_tile(p, tile, smem);
 }
 
+// Persistent item loop: each block prefetches its first item, then before each item the item it
+// takes next (one item of lookahead in L2 per block).
+template <class Prefetch, class Body>
+__device__ __forceinline__ void item_loop(int items, Prefetch prefetch, Body body) {
+  if (int(blockIdx.x) < items) prefetch(int(blockIdx.x));
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    if (item + int(gridDim.x) < items) prefetch(item + int(gridDim.x));
+    body(item);
+  }
+}
+
 // Two blocks per SM: caps registers at 128 so the (expert, row group) items fill the SMs in
 // fewer waves.
 __global__ void __launch_bounds__(kBlockThreads, 2) moe_gate_up_kernel(const __grid_constant__ ExpertsTileParams p) {
@@ -64,16 +76,16 @@ __global__ void __launch_bounds__(kBlockThreads, 2) moe_gate_up_kernel(const __g
   device::wait_for_upstream();
   device::allow_downstream();
   const int items = *p.num_active * moe::gate_up_row_groups(p.inter);  // work list from the device
-  for (int item = blockIdx.x; item < items; item += gridDim.x) moe::gate_up_tile(p, item, smem);
+  item_loop(items, [&](int item) { moe::prefetch_gate_up_item(p, item); }, [&](int item) { moe::gate_up_item(p, item, smem); });
 }
 
-__global__ void __launch_bounds__(kBlockThreads, 2) moe_down_kernel(const __grid_constant__ ExpertsTileParams p, int max_entries) {
+__global__ void __launch_bounds__(kBlockThreads, 3) moe_down_kernel(const __grid_constant__ ExpertsTileParams p) {
   extern __shared__ __align__(16) char smem[];
   device::wait_for_upstream();
   device::allow_downstream();
-  bool list_staged = false;
-  for (int tile = blockIdx.x; tile < moe::down_tiles(p.hidden); tile += gridDim.x)
-    moe::down_tile(p, tile, smem, max_entries, list_staged);
+  const int num_active = *p.num_active;
+  const int items = num_active * moe::down_row_chunks(p.hidden);
+  item_loop(items, [&](int item) { moe::prefetch_down_item(p, item); }, [&](int item) { moe::down_item(p, item, num_active, smem); });
 }
 
 // ---- helpers ------------------------------------------------------------------------------------
@@ -82,7 +94,7 @@ int router_slices(int hidden) { return (hidden / 256 + moe::kRouterSliceBlocks -
 
 // Offsets of the expert stage's workspace pieces (16-byte aligned, in this order).
 struct ExpertsLayout {
-  std::size_t num_active, active, offsets, entry_token, entry_weight, act_in, act_mid, total;
+  std::size_t num_active, active, offsets, entry_token, entry_weight, token_entries, chunk_done, act_in, act_mid, y, total;
 };
 ExpertsLayout experts_layout(int max_batch, int num_experts, int num_shared, int top_k, int hidden, int inter) {
   const std::size_t experts = std::size_t(num_experts) + num_shared;
@@ -99,8 +111,11 @@ ExpertsLayout experts_layout(int max_batch, int num_experts, int num_shared, int
   l.offsets = take((experts + 1) * sizeof(int));
   l.entry_token = take(entries * sizeof(int));
   l.entry_weight = take(entries * sizeof(float));
+  l.token_entries = take(entries * sizeof(int));
+  l.chunk_done = take(std::size_t(hidden / moe::kRowsPerItem) * sizeof(int));
   l.act_in = take(std::size_t(max_batch) * (hidden / 256) * gemv::kActBlockBytes);
   l.act_mid = take(entries * (inter / 256) * gemv::kActBlockBytes);
+  l.y = take(entries * std::size_t(hidden) * sizeof(float));
   l.total = at;
   return l;
 }
@@ -133,13 +148,22 @@ Status validate_outputs(const char* op, const MoeRoutingConfig& c, int batch, co
 }
 
 RouterTopkParams topk_params(const MoeRoutingConfig& c, const float* logits, int slices, const float* bias, int batch,
-                             int* ids, float* weights, float* logits_out) {
-  return {c, logits, slices, bias, batch, ids, weights, logits_out};
+                             int* ids, float* weights, float* logits_out, const int* slot_ids) {
+  return {c, logits, slices, bias, batch, ids, weights, logits_out, slot_ids};
 }
 
+// One instantiation per experts-per-lane width (validate_routing_config bounds E by 512 = 32 x 16).
 Status launch_topk(const RouterTopkParams& t, cudaStream_t stream) {
-  return detail::launch(router_topk_kernel, moe::router_topk_tiles(t.batch), moe::router_topk_smem_bytes(t.config.num_experts),
-                        stream, true, "moe router top-k kernel", t);
+  const int tiles = moe::router_topk_tiles(t.batch);
+  const std::size_t smem = moe::router_topk_smem_bytes(t.config.num_experts);
+  const char* name = "moe router top-k kernel";
+  switch (moe::topk_lane_width(t.config.num_experts)) {
+    case 1: return detail::launch(router_topk_kernel<1>, tiles, smem, stream, true, name, t);
+    case 2: return detail::launch(router_topk_kernel<2>, tiles, smem, stream, true, name, t);
+    case 4: return detail::launch(router_topk_kernel<4>, tiles, smem, stream, true, name, t);
+    case 8: return detail::launch(router_topk_kernel<8>, tiles, smem, stream, true, name, t);
+    default: return detail::launch(router_topk_kernel<16>, tiles, smem, stream, true, name, t);
+  }
 }
 
 }  // namespace
@@ -188,6 +212,7 @@ Status moe_router(const MoeRouterParams& a, cudaStream_t stream) {
   if (a.bias) ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.bias, 4, "bias"));
   ENCORE_RETURN_IF_ERROR(validate_outputs(op, a.config, a.batch, a.topk_ids, a.topk_weights));
   if (a.logits) ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.logits, 4, "logits"));
+  if (a.slot_ids) ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.slot_ids, 4, "slot_ids"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.workspace, 16, "workspace"));
   const std::size_t need = moe_router_workspace_bytes(a.batch, E, a.hidden);
   ENCORE_REQUIRE(a.workspace_bytes >= need, StatusCode::kOutOfRange, op, ": workspace holds ", a.workspace_bytes,
@@ -201,7 +226,8 @@ Status moe_router(const MoeRouterParams& a, cudaStream_t stream) {
     std::size_t bytes;
     const char* name;
   };
-  const Range inputs[] = {{a.weight, w_bytes, "router weight"}, {a.h, h_bytes, "h"}, {a.bias, std::size_t(E) * 4, "bias"}};
+  const Range inputs[] = {{a.weight, w_bytes, "router weight"}, {a.h, h_bytes, "h"}, {a.bias, std::size_t(E) * 4, "bias"},
+                          {a.slot_ids, std::size_t(a.batch) * 4, "slot_ids"}};
   const Range outputs[] = {{a.topk_ids, slot_bytes, "topk_ids"}, {a.topk_weights, slot_bytes, "topk_weights"},
                            {a.logits, logit_bytes, "logits"}, {a.workspace, need, "workspace"}};
   for (int o = 0; o < 4; ++o) {
@@ -225,7 +251,8 @@ Status moe_router(const MoeRouterParams& a, cudaStream_t stream) {
   g.num_experts = E;
   g.partial = static_cast<float*>(a.workspace);
   ENCORE_RETURN_IF_ERROR(detail::launch(router_gemv_kernel, moe::router_gemv_tiles(g), 0, stream, true, "moe router gemv kernel", g));
-  return launch_topk(topk_params(a.config, g.partial, g.slices, a.bias, a.batch, a.topk_ids, a.topk_weights, a.logits), stream);
+  return launch_topk(topk_params(a.config, g.partial, g.slices, a.bias, a.batch, a.topk_ids, a.topk_weights, a.logits, a.slot_ids),
+                     stream);
 }
 
 Status moe_topk(const MoeTopkParams& a, cudaStream_t stream) {
@@ -233,6 +260,7 @@ Status moe_topk(const MoeTopkParams& a, cudaStream_t stream) {
   ENCORE_RETURN_IF_ERROR(validate_batch("moe_topk", a.batch, kMaxMoeBatch));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.logits, 4, "logits"));
   if (a.bias) ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.bias, 4, "bias"));
+  if (a.slot_ids) ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.slot_ids, 4, "slot_ids"));
   ENCORE_RETURN_IF_ERROR(validate_outputs("moe_topk", a.config, a.batch, a.topk_ids, a.topk_weights));
   const std::size_t logit_bytes = std::size_t(a.batch) * a.config.num_experts * 4, slot_bytes = std::size_t(a.batch) * a.config.top_k * 4;
   ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(a.logits, logit_bytes, "logits", a.topk_ids, slot_bytes, "topk_ids"));
@@ -241,8 +269,11 @@ Status moe_topk(const MoeTopkParams& a, cudaStream_t stream) {
     ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(a.bias, a.config.num_experts * 4, "bias", a.topk_ids, slot_bytes, "topk_ids"));
     ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(a.bias, a.config.num_experts * 4, "bias", a.topk_weights, slot_bytes, "topk_weights"));
   }
+  if (a.slot_ids)
+    for (const void* out : {static_cast<const void*>(a.topk_ids), static_cast<const void*>(a.topk_weights)})
+      ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(a.slot_ids, std::size_t(a.batch) * 4, "slot_ids", out, slot_bytes, "topk outputs"));
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
-  return launch_topk(topk_params(a.config, a.logits, 1, a.bias, a.batch, a.topk_ids, a.topk_weights, nullptr), stream);
+  return launch_topk(topk_params(a.config, a.logits, 1, a.bias, a.batch, a.topk_ids, a.topk_weights, nullptr, a.slot_ids), stream);
 }
 
 // ---- experts ------------------------------------------------------------------------------------
@@ -274,6 +305,7 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.topk_weights, 4, "topk_weights"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.workspace, 16, "workspace"));
   if (a.error_flag) ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.error_flag, 4, "error_flag"));
+  if (a.slot_ids) ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.slot_ids, 4, "slot_ids"));
   const ExpertsLayout layout = experts_layout(a.max_batch, a.num_experts, a.num_shared, a.top_k, a.hidden, a.inter);
   ENCORE_REQUIRE(a.workspace_bytes >= layout.total, StatusCode::kOutOfRange, op, ": workspace holds ", a.workspace_bytes,
                  " bytes, needs ", layout.total, " for max_batch = ", a.max_batch);
@@ -287,12 +319,13 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
     const char* name;
   };
   const Range inputs[] = {{a.gate, stack_bytes, "gate"}, {a.up, stack_bytes, "up"}, {a.down, stack_bytes, "down"},
-                          {a.h, x_bytes, "h"}, {a.topk_ids, slot_bytes, "topk_ids"}, {a.topk_weights, slot_bytes, "topk_weights"}};
+                          {a.h, x_bytes, "h"}, {a.topk_ids, slot_bytes, "topk_ids"}, {a.topk_weights, slot_bytes, "topk_weights"},
+                          {a.slot_ids, std::size_t(a.batch) * 4, "slot_ids"}};
   const Range outputs[] = {{a.x, x_bytes, "x"}, {a.workspace, layout.total, "workspace"}, {a.error_flag, 4, "error_flag"}};
   for (int o = 0; o < 3; ++o) {
     if (!outputs[o].ptr) continue;
     for (const Range& in : inputs)
-      ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(in.ptr, in.bytes, in.name, outputs[o].ptr, outputs[o].bytes, outputs[o].name));
+      if (in.ptr) ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(in.ptr, in.bytes, in.name, outputs[o].ptr, outputs[o].bytes, outputs[o].name));
     for (int o2 = 0; o2 < o; ++o2)
       ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(outputs[o2].ptr, outputs[o2].bytes, outputs[o2].name, outputs[o].ptr,
                                                       outputs[o].bytes, outputs[o].name));
@@ -323,14 +356,18 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   p.x = a.x;
   p.ids = a.topk_ids;
   p.weights = a.topk_weights;
+  p.slot_ids = a.slot_ids;
   p.error_flag = a.error_flag;
   p.num_active = reinterpret_cast<int*>(ws + layout.num_active);
   p.active = reinterpret_cast<int*>(ws + layout.active);
   p.offsets = reinterpret_cast<int*>(ws + layout.offsets);
   p.entry_token = reinterpret_cast<int*>(ws + layout.entry_token);
   p.entry_weight = reinterpret_cast<float*>(ws + layout.entry_weight);
+  p.token_entries = reinterpret_cast<int*>(ws + layout.token_entries);
+  p.chunk_done = reinterpret_cast<int*>(ws + layout.chunk_done);
   p.act_in = ws + layout.act_in;
   p.act_mid = ws + layout.act_mid;
+  p.y = reinterpret_cast<float*>(ws + layout.y);
 
   // Grids depend on max_batch only, so one capture at max_batch serves any routing.
   const int prepare = moe::prepare_tiles(a.max_batch, p.hidden_blocks);
@@ -340,10 +377,9 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   int grid = 0;
   ENCORE_RETURN_IF_ERROR(persistent_grid(moe_gate_up_kernel, gate_up_smem, max_active * moe::gate_up_row_groups(a.inter), grid));
   ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel, grid, gate_up_smem, stream, true, "moe gate/up kernel", p));
-  const int max_entries = a.max_batch * (a.top_k + a.num_shared);
-  const std::size_t down_smem = moe::down_smem_bytes(a.num_experts + a.num_shared, max_entries);
-  ENCORE_RETURN_IF_ERROR(persistent_grid(moe_down_kernel, down_smem, moe::down_tiles(a.hidden), grid));
-  return detail::launch(moe_down_kernel, grid, down_smem, stream, true, "moe down kernel", p, max_entries);
+  const std::size_t down_smem = moe::down_smem_bytes(p.inter_blocks);
+  ENCORE_RETURN_IF_ERROR(persistent_grid(moe_down_kernel, down_smem, max_active * moe::down_row_chunks(a.hidden), grid));
+  return detail::launch(moe_down_kernel, grid, down_smem, stream, true, "moe down kernel", p);
 }
 
 }  // namespace encore::ops

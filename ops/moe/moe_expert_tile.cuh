@@ -1,17 +1,21 @@
 // Device bodies of the expert stage (specs/moe.md §4-§7). Three stages per MoE layer:
 //   prepare_tile : tile 0 builds the work list from ids[batch][k] (entries grouped by expert in
 //                  ascending id, tokens ascending inside an expert, shared experts appended as
-//                  always-on pseudo-experts of weight 1); tiles 1.. quantise h to the int8
-//                  activation format of the Q4_K GEMVs (gemv/activation_q8.cuh).
-//   gate_up_tile : item = (active expert, 32-row group): the 32 gate and 32 up rows are streamed
-//                  once and applied to every token routed to the expert (8 at a time, activations
-//                  staged in shared memory); silu(g)*u is quantised straight into the int8 format
-//                  (one 32-value sub-block per token) for the down projection.
-//   down_tile    : 8 output rows (one per warp) across all active experts in ascending id,
-//                  shared last; per token acc += w * (W_down h) in that order, then x += acc.
-//                  One owner per output element: no atomics, no combine stage.
-// A (row, token) dot product runs the same code in the same order whatever the batch, so a
-// token's output is bitwise independent of the other tokens.
+//                  always-on pseudo-experts of weight 1; pad rows left out) and, per token, its
+//                  entries in ascending expert id; tiles 1.. quantise h to the int8 activation
+//                  format of the Q4_K GEMVs (gemv/activation_q8.cuh).
+//   gate_up_item : item = (active expert, 32-row group): the 32 gate and 32 up rows are streamed
+//                  once for every token routed to the expert (8 at a time, activations staged in
+//                  shared memory); silu(g)*u is quantised into the int8 format (one 32-value
+//                  sub-block per token) for the down projection.
+//   down_item    : item = (active expert, 32 output rows): the rows are streamed once for all the
+//                  expert's entries, y[entry][row] = W_down[row] . mid[entry]. The last item of a
+//                  row chunk to finish (an integer counter) combines it: per token, in ascending
+//                  expert id (shared last), x[t][row] += sum_j w_j * y[entry_j][row]. One owner
+//                  per output element, no float atomics.
+// Every item prefetches the weights of the item its block takes next into L2, so HBM stays busy
+// through the item's epilogue. A (row, token) dot product runs the same code in the same order
+// whatever the batch, so a token's output is bitwise independent of the other tokens.
 #pragma once
 
 #include <cstdint>
@@ -24,12 +28,10 @@
 
 namespace encore::moe {
 
-inline constexpr int kGateUpRowsPerItem = 32;                          // 8 warps x 4 groups, one row each
-inline constexpr int kGateUpTokensPerPass = 8;
-inline constexpr int kDownRowsPerTile = kWarpsPerBlock;                // one output row per warp
-inline constexpr int kDownExpertsInFlight = 4;                         // experts' rows loaded ahead per warp
-inline constexpr int kDownBlocksPerGroup = 2;                          // inter <= 4 groups x 2 blocks x 256
+inline constexpr int kRowsPerItem = 32;                  // 8 warps x 4 lane groups, one row each
+inline constexpr int kTokensPerPass = 8;                 // tokens (entries) whose activations are staged together
 inline constexpr int kMaxPlanExperts = ops::kMaxMoeExperts + ops::kMaxMoeShared;
+inline constexpr int kMaxSlotsPerToken = ops::kMaxMoeTopK + ops::kMaxMoeShared;
 inline constexpr int kPlanScanItems = (kMaxPlanExperts + kBlockThreads - 1) / kBlockThreads;
 
 struct ExpertsTileParams {
@@ -48,15 +50,19 @@ struct ExpertsTileParams {
   float* x;                      // [batch][hidden], in place
   const int* ids;                // [batch][k]
   const float* weights;          // [batch][k]
+  const int* slot_ids;           // optional [batch]; < 0: pad row
   int* error_flag;               // optional
-  // Work list and activations (workspace).
+  // Work list, activations and partial outputs (workspace).
   int* num_active;               // [1]
   int* active;                   // [E+S] expert ids, ascending
   int* offsets;                  // [E+S+1] entry ranges per active expert
   int* entry_token;              // [max_entries]
   float* entry_weight;           // [max_entries]
+  int* token_entries;            // [max_batch][k+S]: a token's entries in ascending expert id, -1 after the last
+  int* chunk_done;               // [hidden/32] down items finished per row chunk
   char* act_in;                  // [max_batch][hidden_blocks][384]
   char* act_mid;                 // [max_entries][inter_blocks][384]
+  float* y;                      // [max_entries][hidden] down outputs, unweighted
 };
 
 // ---- host-visible sizes ------------------------------------------------------------------------
@@ -64,28 +70,39 @@ struct ExpertsTileParams {
 __host__ __device__ inline int prepare_tiles(int max_batch, int hidden_blocks) {
   return 1 + (max_batch * hidden_blocks + kWarpsPerBlock - 1) / kWarpsPerBlock;
 }
-__host__ __device__ inline int gate_up_row_groups(int inter) { return inter / kGateUpRowsPerItem; }
-__host__ __device__ inline int down_tiles(int hidden) { return hidden / kDownRowsPerTile; }
+__host__ __device__ inline int gate_up_row_groups(int inter) { return inter / kRowsPerItem; }
+__host__ __device__ inline int down_row_chunks(int hidden) { return hidden / kRowsPerItem; }
 
 struct PlanSmem {
   unsigned long long token_mask[kMaxPlanExperts];  // bit t: token t routed to the expert
   int entry_offset[kMaxPlanExperts];
+  int token_valid[ops::kMaxMoeBatch];              // routed slots of each token that count
   typename cub::BlockScan<int, kBlockThreads>::TempStorage scan;
 };
 __host__ __device__ constexpr std::size_t prepare_smem_bytes() { return sizeof(PlanSmem); }
-__host__ __device__ constexpr std::size_t gate_up_smem_bytes(int hidden_blocks) {
-  return std::size_t(kGateUpTokensPerPass) * hidden_blocks * gemv::kActBlockBytes +
-         kGateUpTokensPerPass * kGateUpRowsPerItem * sizeof(float);
+
+// Shared memory of a gate/up or down item: staged activations of kTokensPerPass tokens, then
+// (gate/up) silu(g)*u of the item's 32 rows per token and one 384-byte quantiser block per warp.
+__host__ __device__ constexpr std::size_t act_stage_bytes(int k_blocks) {
+  return std::size_t(kTokensPerPass) * k_blocks * gemv::kActBlockBytes;
 }
+__host__ __device__ constexpr std::size_t gate_up_smem_bytes(int hidden_blocks) {
+  return act_stage_bytes(hidden_blocks) + kTokensPerPass * kRowsPerItem * sizeof(float) +
+         std::size_t(kWarpsPerBlock) * gemv::kActBlockBytes;
+}
+__host__ __device__ constexpr std::size_t down_smem_bytes(int inter_blocks) { return act_stage_bytes(inter_blocks); }
 
 // Pulls `bytes` (a multiple of 16, < 4 GB) at `ptr` (16-byte aligned) into L2.
 __device__ __forceinline__ void prefetch_l2(const void* ptr, std::int64_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(std::uint32_t(bytes)) : "memory");
 }
 
+__device__ __forceinline__ bool pad_row(const ExpertsTileParams& p, int token) { return p.slot_ids && p.slot_ids[token] < 0; }
+
 // ---- prepare ------------------------------------------------------------------------------------
 
-// A slot counts when its id is in range and not repeated earlier in the token.
+// A slot counts when its token is not a pad row, its id is in range and not repeated earlier in
+// the token. Bad ids of real tokens raise the error flag.
 __device__ __forceinline__ bool slot_valid(const ExpertsTileParams& p, int token, int slot, int id) {
   if (id < 0 || id >= p.num_experts) return false;
   for (int j = 0; j < slot; ++j)
@@ -96,14 +113,21 @@ __device__ __forceinline__ bool slot_valid(const ExpertsTileParams& p, int token
 __device__ inline void build_work_list(const ExpertsTileParams& p, char* smem) {
   PlanSmem& s = *reinterpret_cast<PlanSmem*>(smem);
   const int experts = p.num_experts + p.num_shared;
-  const unsigned long long all_tokens = p.batch >= 64 ? ~0ull : (1ull << p.batch) - 1;
-  for (int e = threadIdx.x; e < experts; e += kBlockThreads) s.token_mask[e] = e >= p.num_experts ? all_tokens : 0ull;
+  const int per_token = p.top_k + p.num_shared;
+  unsigned long long real_tokens = 0ull;  // non-pad rows (every thread computes the same mask)
+  for (int t = 0; t < p.batch; ++t)
+    if (!pad_row(p, t)) real_tokens |= 1ull << t;
+  for (int e = threadIdx.x; e < experts; e += kBlockThreads) s.token_mask[e] = e >= p.num_experts ? real_tokens : 0ull;
+  for (int t = threadIdx.x; t < p.batch; t += kBlockThreads) s.token_valid[t] = 0;
+  for (int c = threadIdx.x; c < down_row_chunks(p.hidden); c += kBlockThreads) p.chunk_done[c] = 0;
   __syncthreads();
   const int slots = p.batch * p.top_k;
   for (int i = threadIdx.x; i < slots; i += kBlockThreads) {
     const int t = i / p.top_k, id = p.ids[i];
+    if (!(real_tokens >> t & 1)) continue;
     if (slot_valid(p, t, i % p.top_k, id)) {
       atomicOr(&s.token_mask[id], 1ull << t);  // integer OR: order-free, deterministic
+      atomicAdd(&s.token_valid[t], 1);
     } else if (p.error_flag) {
       *p.error_flag = 1;
     }
@@ -137,18 +161,30 @@ __device__ inline void build_work_list(const ExpertsTileParams& p, char* smem) {
   }
   __syncthreads();
 
-  // Entry of (token t, expert e) = first entry of e + number of tokens below t routed to e.
+  // Entry of (token t, expert e) = first entry of e + number of tokens below t routed to e; its
+  // place in the token's list = number of the token's valid ids below e (ids are distinct).
+  for (int i = threadIdx.x; i < p.batch * per_token; i += kBlockThreads) p.token_entries[i] = -1;
+  __syncthreads();
   for (int i = threadIdx.x; i < slots; i += kBlockThreads) {
     const int t = i / p.top_k, id = p.ids[i];
-    if (!slot_valid(p, t, i % p.top_k, id)) continue;
+    if (!(real_tokens >> t & 1) || !slot_valid(p, t, i % p.top_k, id)) continue;
     const int at = s.entry_offset[id] + __popcll(s.token_mask[id] & ((1ull << t) - 1));
     p.entry_token[at] = t;
     p.entry_weight[at] = p.weights[i];
+    int rank = 0;
+    for (int j = 0; j < p.top_k; ++j) {
+      const int other = p.ids[t * p.top_k + j];
+      rank += (other < id && slot_valid(p, t, j, other)) ? 1 : 0;
+    }
+    p.token_entries[t * per_token + rank] = at;
   }
   for (int i = threadIdx.x; i < p.num_shared * p.batch; i += kBlockThreads) {
-    const int at = s.entry_offset[p.num_experts + i / p.batch] + i % p.batch;
-    p.entry_token[at] = i % p.batch;
+    const int e = p.num_experts + i / p.batch, t = i % p.batch;
+    if (!(real_tokens >> t & 1)) continue;
+    const int at = s.entry_offset[e] + __popcll(real_tokens & ((1ull << t) - 1));
+    p.entry_token[at] = t;
     p.entry_weight[at] = 1.f;
+    p.token_entries[t * per_token + s.token_valid[t] + i / p.batch] = at;
   }
 }
 
@@ -166,264 +202,202 @@ __device__ inline void prepare_tile(const ExpertsTileParams& p, int tile, char* 
   gemv::quantize_act_block(v, p.act_in + std::int64_t(unit) * gemv::kActBlockBytes);
 }
 
-// ---- gate/up ------------------------------------------------------------------------------------
+// ---- shared streaming loop ----------------------------------------------------------------------
 
-// Quantises one 32-value sub-block `sub_block` (0..7) of a 256-value block into `out`, the same
-// arithmetic and layout as gemv::quantize_act_block, with 4 lanes per sub-block (lane % 4 = which
-// 8 values). All 32 lanes must call it (shuffles); `write` masks the stores.
-__device__ __forceinline__ void quantize_act_sub_block(const float (&v)[8], int sub_block, bool write, char* out) {
-  const int lane = threadIdx.x % 32;
-  float amax = 0.f, sum = 0.f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    amax = fmaxf(amax, fabsf(v[i]));
-    sum += v[i];
-  }
-  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
-  const float partner_sum = __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
-  const float half_sum = (lane & 1) ? partner_sum + sum : sum + partner_sum;
-  const float inv = amax > 0.f ? 127.f / amax : 0.f;
-  const float d = amax / 127.f;
-  if (!write) return;
-  std::uint32_t packed[2] = {0u, 0u};
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int q = __float2int_rn(v[i] * inv);
-    packed[i / 4] |= (std::uint32_t(q) & 0xFFu) << (8 * (i % 4));
-  }
-  const int pos = (lane % 4) * 8;
-  const int chunk = 2 * (sub_block / 2) + pos / 16;
-  const int half = sub_block % 2;
-  *reinterpret_cast<uint2*>(out + half * 128 + chunk * 16 + pos % 16) = make_uint2(packed[0], packed[1]);
-  float* meta = reinterpret_cast<float*>(out + 256);
-  if ((lane & 1) == 0) meta[chunk * 4 + 2 + half] = half_sum;
-  if ((lane & 3) == 0) {
-    meta[(2 * (sub_block / 2)) * 4 + half] = d;
-    meta[(2 * (sub_block / 2) + 1) * 4 + half] = d;
-  }
+// Copies the activations of `count` tokens (k_blocks x 384 bytes each, token i at src(i)) into
+// shared memory. Callers synchronise around it.
+template <class Source>
+__device__ __forceinline__ void stage_activations(char* act, int k_blocks, int count, Source src) {
+  const int words_per_token = k_blocks * gemv::kActBlockBytes / 16;
+  for (int i = threadIdx.x; i < count * words_per_token; i += kBlockThreads)
+    reinterpret_cast<uint4*>(act)[i] = reinterpret_cast<const uint4*>(src(i / words_per_token))[i % words_per_token];
 }
 
-__device__ inline void gate_up_tile(const ExpertsTileParams& p, int item, char* smem) {
-  constexpr int kUnroll = 4;  // K blocks of both matrices in flight per lane
+// This lane's share of row . act[t] for kMats matrices (rows at w[m], k_blocks Q4_K blocks each)
+// and `count` staged tokens: lane `chunk` of its 8-lane group covers qs chunk `chunk` of every
+// block; the caller reduces over the 8 lanes. kUnroll blocks of every matrix are in flight.
+template <int kMats, int kUnroll>
+__device__ __forceinline__ void rows_dot_tokens(const char* const (&w)[kMats], int k_blocks, const char* act, int count,
+                                                int chunk, float (&acc)[kMats][kTokensPerPass]) {
+#pragma unroll
+  for (int m = 0; m < kMats; ++m)
+#pragma unroll
+    for (int t = 0; t < kTokensPerPass; ++t) acc[m][t] = 0.f;
+  for (int j0 = 0; j0 < k_blocks; j0 += kUnroll) {
+    gemv::LaneBlock blocks[kUnroll][kMats];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (j0 + u < k_blocks)
+#pragma unroll
+        for (int m = 0; m < kMats; ++m) blocks[u][m] = gemv::load_lane_block(w[m] + (j0 + u) * q4k::kBlockBytes, chunk);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = j0 + u;
+      if (j >= k_blocks) break;
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+        const gemv::LaneWeights lw = gemv::decode_lane_block(blocks[u][m], chunk);
+#pragma unroll
+        for (int t = 0; t < kTokensPerPass; ++t) {
+          if (t >= count) break;
+          acc[m][t] += gemv::lane_block_dot(
+              lw, gemv::load_lane_activations(gemv::act_block(act + (std::size_t(t) * k_blocks + j) * gemv::kActBlockBytes), chunk));
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kMats; ++m)
+#pragma unroll
+    for (int t = 0; t < kTokensPerPass; ++t) {
+      float v = acc[m][t];
+      v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+      v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+      v += __shfl_xor_sync(0xFFFFFFFFu, v, 4);
+      acc[m][t] = v;
+    }
+}
+
+// ---- gate/up ------------------------------------------------------------------------------------
+
+// Quantises the 32 values mid[0..31] as sub-block `sub_block` of a 256-value block and writes only
+// that sub-block's codes and meta to `out`. gemv::quantize_act_block does the arithmetic on a
+// per-warp scratch block (the lanes of the other sub-blocks hold zeros; sub-blocks are
+// independent); the copy follows the layout documented in gemv/activation_q8.cuh: the sub-block's
+// 32 codes are contiguous at half*128 + 32*(sub_block/2), its {d, sum} at meta[c].{x|y, z|w} of
+// chunks c = 2*(sub_block/2) + {0, 1}. Whole warp.
+__device__ __forceinline__ void quantize_sub_block(const float* mid, int sub_block, char* scratch, char* out) {
+  const int lane = threadIdx.x % 32;
+  float v[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = lane / 4 == sub_block ? mid[(lane % 4) * 8 + i] : 0.f;
+  gemv::quantize_act_block(v, scratch);
+  __syncwarp();
+  const int half = sub_block % 2, pair = sub_block / 2;
+  if (lane < 8) {
+    const int at = half * 128 + pair * 32 + lane * 4;
+    *reinterpret_cast<std::uint32_t*>(out + at) = *reinterpret_cast<const std::uint32_t*>(scratch + at);
+  } else if (lane < 12) {
+    const int q = lane - 8;  // chunk 2*pair + q/2; field d (q even) or sum (q odd) of this half
+    const int at = 256 + ((2 * pair + q / 2) * 4 + (q % 2) * 2 + half) * 4;
+    *reinterpret_cast<float*>(out + at) = *reinterpret_cast<const float*>(scratch + at);
+  }
+  __syncwarp();
+}
+
+// An item's 32 gate and 32 up rows are contiguous: one bulk L2 prefetch each (threads 0 and 1).
+__device__ __forceinline__ void prefetch_gate_up_item(const ExpertsTileParams& p, int item) {
   const int row_groups = gate_up_row_groups(p.inter);
-  const int num_active = *p.num_active;
-  if (item >= num_active * row_groups) return;
+  if (threadIdx.x < 2)
+    prefetch_l2((threadIdx.x == 0 ? p.gate : p.up) + p.active[item / row_groups] * p.up_matrix_bytes +
+                    std::int64_t(item % row_groups) * kRowsPerItem * p.up_row_bytes,
+                kRowsPerItem * p.up_row_bytes);
+}
+
+__device__ inline void gate_up_item(const ExpertsTileParams& p, int item, char* smem) {
+  const int row_groups = gate_up_row_groups(p.inter);
   const int a = item / row_groups, row_group = item % row_groups;
   const int expert = p.active[a];
   const int first = p.offsets[a], end = p.offsets[a + 1];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int chunk = lane % 8, group = lane / 8;
-  const int row_in_item = warp * 4 + group;
-  const std::int64_t row = std::int64_t(row_group) * kGateUpRowsPerItem + row_in_item;
-  const char* w[2] = {p.gate + expert * p.up_matrix_bytes + row * p.up_row_bytes,
-                      p.up + expert * p.up_matrix_bytes + row * p.up_row_bytes};
+  const int chunk = lane % 8, row_in_item = warp * 4 + lane / 8;
+  const std::int64_t row = std::int64_t(row_group) * kRowsPerItem + row_in_item;
+  const char* const w[2] = {p.gate + expert * p.up_matrix_bytes + row * p.up_row_bytes,
+                            p.up + expert * p.up_matrix_bytes + row * p.up_row_bytes};
   const int hb = p.hidden_blocks;
-  if (threadIdx.x < 2) {  // the item's 32 gate and 32 up rows are contiguous: one bulk L2 prefetch each
-    const char* rows = (threadIdx.x == 0 ? p.gate : p.up) + expert * p.up_matrix_bytes +
-                       std::int64_t(row_group) * kGateUpRowsPerItem * p.up_row_bytes;
-    prefetch_l2(rows, kGateUpRowsPerItem * p.up_row_bytes);
-  }
   char* act = smem;
-  float* mid = reinterpret_cast<float*>(smem + std::size_t(kGateUpTokensPerPass) * hb * gemv::kActBlockBytes);  // [8][32]
+  float* mid = reinterpret_cast<float*>(smem + act_stage_bytes(hb));                       // [8][32]
+  char* scratch = smem + act_stage_bytes(hb) + kTokensPerPass * kRowsPerItem * sizeof(float) + warp * gemv::kActBlockBytes;
 
-  for (int pass = first; pass < end; pass += kGateUpTokensPerPass) {
-    const int count = min(kGateUpTokensPerPass, end - pass);
-    __syncthreads();  // the previous pass's readers are done
-    const int words_per_token = hb * gemv::kActBlockBytes / 16;
-    for (int i = threadIdx.x; i < count * words_per_token; i += kBlockThreads) {
-      const int slot = i / words_per_token, word = i % words_per_token;
-      const int token = p.entry_token[pass + slot];
-      reinterpret_cast<uint4*>(act)[i] =
-          reinterpret_cast<const uint4*>(p.act_in + std::int64_t(token) * hb * gemv::kActBlockBytes)[word];
-    }
+  for (int pass = first; pass < end; pass += kTokensPerPass) {
+    const int count = min(kTokensPerPass, end - pass);
+    __syncthreads();  // the previous pass's (or item's) readers are done
+    stage_activations(act, hb, count, [&](int i) {
+      return p.act_in + std::int64_t(p.entry_token[pass + i]) * hb * gemv::kActBlockBytes;
+    });
     __syncthreads();
-
-    float acc[2][kGateUpTokensPerPass];
+    float acc[2][kTokensPerPass];
+    rows_dot_tokens<2, 4>(w, hb, act, count, chunk, acc);
 #pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int t = 0; t < kGateUpTokensPerPass; ++t) acc[m][t] = 0.f;
-    for (int j0 = 0; j0 < hb; j0 += kUnroll) {
-      gemv::LaneBlock blocks[kUnroll][2];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        if (j0 + u < hb)
-#pragma unroll
-          for (int m = 0; m < 2; ++m) blocks[u][m] = gemv::load_lane_block(w[m] + (j0 + u) * q4k::kBlockBytes, chunk);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int j = j0 + u;
-        if (j >= hb) break;
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {
-          const gemv::LaneWeights lw = gemv::decode_lane_block(blocks[u][m], chunk);
-#pragma unroll
-          for (int t = 0; t < kGateUpTokensPerPass; ++t) {
-            if (t >= count) break;
-            acc[m][t] += gemv::lane_block_dot(
-                lw, gemv::load_lane_activations(gemv::act_block(act + (std::size_t(t) * hb + j) * gemv::kActBlockBytes), chunk));
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < kGateUpTokensPerPass; ++t) {
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        float v = acc[m][t];
-        v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
-        v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
-        v += __shfl_xor_sync(0xFFFFFFFFu, v, 4);
-        acc[m][t] = v;
-      }
+    for (int t = 0; t < kTokensPerPass; ++t)
       if (t < count && chunk == t) {
         const float g = acc[0][t], u = acc[1][t];
-        mid[t * kGateUpRowsPerItem + row_in_item] = g / (1.f + expf(-g)) * u;
+        mid[t * kRowsPerItem + row_in_item] = g / (1.f + expf(-g)) * u;
       }
-    }
     __syncthreads();
-    if (warp == 0) {  // lanes 4s..4s+3 quantise token slot s's 32 values
-      const int slot = lane / 4;
-      float v[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = slot < count ? mid[slot * kGateUpRowsPerItem + (lane % 4) * 8 + i] : 0.f;
-      // Rows 32*row_group.. are sub-block row_group % 8 of 256-value block row_group / 8.
-      const std::int64_t entry = pass + slot;
-      char* out = p.act_mid + (entry * p.inter_blocks + row_group / 8) * gemv::kActBlockBytes;
-      quantize_act_sub_block(v, row_group % 8, slot < count, out);
-    }
+    // Warp t quantises token slot t's 32 values: rows 32*row_group.. are sub-block row_group % 8
+    // of 256-value block row_group / 8 of the entry's activations.
+    if (warp < count)
+      quantize_sub_block(mid + warp * kRowsPerItem, row_group % 8, scratch,
+                         p.act_mid + ((pass + warp) * std::int64_t(p.inter_blocks) + row_group / 8) * gemv::kActBlockBytes);
   }
 }
 
 // ---- down + combine -----------------------------------------------------------------------------
 
-// Shared memory of the down stage: the work list (staged once per block) and a window of the
-// int8 activations of the entries being processed (all 8 warps read the same entries).
-inline constexpr int kDownStageBytes = 48 * 1024;
-struct DownSmem {
-  int* num_active;     // [1]
-  int* active;         // [E+S]
-  int* offsets;        // [E+S+1]
-  int* entry_token;    // [max_entries]
-  float* entry_weight; // [max_entries]
-  char* act;           // [kDownStageBytes]
-  __host__ __device__ DownSmem(char* base, int experts, int max_entries) {
-    device::SmemAllocator alloc(base);
-    num_active = alloc.take<int>(1);
-    active = alloc.take<int>(experts);
-    offsets = alloc.take<int>(experts + 1);
-    entry_token = alloc.take<int>(max_entries);
-    entry_weight = alloc.take<float>(max_entries);
-    act = alloc.take<char>(kDownStageBytes);
-    bytes = alloc.used();
+// x[t][row] += sum over the token's entries (ascending expert id, shared last) of w * y, for the
+// 32 rows of `chunk_index`. y comes from other blocks: read through L2 (ld.global.cg).
+__device__ inline void combine_chunk(const ExpertsTileParams& p, int chunk_index) {
+  const int per_token = p.top_k + p.num_shared;
+  for (int i = threadIdx.x; i < p.batch * kRowsPerItem; i += kBlockThreads) {
+    const int t = i / kRowsPerItem;
+    if (pad_row(p, t)) continue;
+    const std::int64_t row = std::int64_t(chunk_index) * kRowsPerItem + i % kRowsPerItem;
+    float acc = 0.f;
+    for (int j = 0; j < per_token; ++j) {
+      const int entry = p.token_entries[t * per_token + j];
+      if (entry < 0) break;
+      acc += p.entry_weight[entry] * __ldcg(p.y + entry * std::int64_t(p.hidden) + row);
+    }
+    p.x[t * std::int64_t(p.hidden) + row] += acc;
   }
-  std::size_t bytes;
-};
-__host__ __device__ inline std::size_t down_smem_bytes(int experts, int max_entries) {
-  return DownSmem(nullptr, experts, max_entries).bytes;
 }
 
-__device__ inline void stage_work_list(const ExpertsTileParams& p, const DownSmem& s) {
-  const int num_active = *p.num_active;
-  const int entries = p.offsets[num_active];
-  for (int i = threadIdx.x; i <= num_active; i += kBlockThreads) {
-    if (i < num_active) s.active[i] = p.active[i];
-    s.offsets[i] = p.offsets[i];
-  }
-  for (int i = threadIdx.x; i < entries; i += kBlockThreads) {
-    s.entry_token[i] = p.entry_token[i];
-    s.entry_weight[i] = p.entry_weight[i];
-  }
-  if (threadIdx.x == 0) *s.num_active = num_active;
-  __syncthreads();
+// An item's 32 down rows are contiguous: one bulk L2 prefetch (thread 0).
+__device__ __forceinline__ void prefetch_down_item(const ExpertsTileParams& p, int item) {
+  const int chunks = down_row_chunks(p.hidden);
+  const std::int64_t rows_bytes = kRowsPerItem * p.down_row_bytes;
+  if (threadIdx.x == 0) prefetch_l2(p.down + p.active[item / chunks] * p.down_matrix_bytes + (item % chunks) * rows_bytes, rows_bytes);
 }
 
-// 8 output rows (one per warp) across all active experts, ascending id (shared experts last):
-// per token, acc += w * (W_down[e][row] . h_entry) in that order, then x[t][row] += acc.
-__device__ inline void down_tile(const ExpertsTileParams& p, int tile, char* smem, int max_entries, bool& list_staged) {
-  constexpr int kTok = 4;  // entries reduced together (independent butterflies)
-  const DownSmem s(smem, p.num_experts + p.num_shared, max_entries);
-  if (!list_staged) stage_work_list(p, s);
-  list_staged = true;
+__device__ inline void down_item(const ExpertsTileParams& p, int item, int num_active, char* smem) {
+  const int chunks = down_row_chunks(p.hidden);
+  const int a = item / chunks, chunk_index = item % chunks;
+  const int expert = p.active[a];
+  const int first = p.offsets[a], end = p.offsets[a + 1];
+
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int chunk = lane % 8, group = lane / 8;
-  const std::int64_t row0 = std::int64_t(tile) * kDownRowsPerTile, row = row0 + warp;
+  const int chunk = lane % 8, row_in_item = warp * 4 + lane / 8;
+  const std::int64_t row = std::int64_t(chunk_index) * kRowsPerItem + row_in_item;
+  const char* const w[1] = {p.down + expert * p.down_matrix_bytes + row * p.down_row_bytes};
   const int ib = p.inter_blocks;
-  const int num_active = *s.num_active;
-  const int entry_bytes = ib * gemv::kActBlockBytes;
-  const int stage_entries = kDownStageBytes / entry_bytes;
-  const std::int64_t tile_bytes = kDownRowsPerTile * p.down_row_bytes;  // the tile's rows of one expert
-  constexpr int kLookahead = 2 * kDownExpertsInFlight;
-  if (threadIdx.x < kLookahead && int(threadIdx.x) < num_active)
-    prefetch_l2(p.down + s.active[threadIdx.x] * p.down_matrix_bytes + row0 * p.down_row_bytes, tile_bytes);
-  float acc_lo = 0.f, acc_hi = 0.f;  // tokens lane and lane + 32
-
-  for (int a0 = 0; a0 < num_active; a0 += kDownExpertsInFlight) {
-    const int ahead = a0 + kLookahead + int(threadIdx.x);
-    if (threadIdx.x < kDownExpertsInFlight && ahead < num_active)
-      prefetch_l2(p.down + s.active[ahead] * p.down_matrix_bytes + row0 * p.down_row_bytes, tile_bytes);
-    gemv::LaneBlock blocks[kDownExpertsInFlight][kDownBlocksPerGroup];
+  for (int pass = first; pass < end; pass += kTokensPerPass) {
+    const int count = min(kTokensPerPass, end - pass);
+    __syncthreads();
+    stage_activations(smem, ib, count, [&](int i) { return p.act_mid + std::int64_t(pass + i) * ib * gemv::kActBlockBytes; });
+    __syncthreads();
+    float acc[1][kTokensPerPass];
+    rows_dot_tokens<1, 4>(w, ib, smem, count, chunk, acc);
 #pragma unroll
-    for (int u = 0; u < kDownExpertsInFlight; ++u) {
-      if (a0 + u >= num_active) break;
-      const char* base = p.down + s.active[a0 + u] * p.down_matrix_bytes + row * p.down_row_bytes;
-#pragma unroll
-      for (int jj = 0; jj < kDownBlocksPerGroup; ++jj) {
-        const int j = group + 4 * jj;
-        if (j < ib) blocks[u][jj] = gemv::load_lane_block(base + j * q4k::kBlockBytes, chunk);
-      }
-    }
-    const int a_end = min(a0 + kDownExpertsInFlight, num_active);
-    const int first = s.offsets[a0], last = s.offsets[a_end];
-    for (int c0 = first; c0 < last; c0 += stage_entries) {
-      const int c1 = min(last, c0 + stage_entries);
-      __syncthreads();  // the previous window's readers are done
-      const uint4* src = reinterpret_cast<const uint4*>(p.act_mid + std::int64_t(c0) * entry_bytes);
-      for (int i = threadIdx.x; i < (c1 - c0) * entry_bytes / 16; i += kBlockThreads) reinterpret_cast<uint4*>(s.act)[i] = src[i];
-      __syncthreads();
-#pragma unroll
-      for (int u = 0; u < kDownExpertsInFlight; ++u) {
-        const int a = a0 + u;
-        if (a >= a_end) break;
-        gemv::LaneWeights lw[kDownBlocksPerGroup];
-#pragma unroll
-        for (int jj = 0; jj < kDownBlocksPerGroup; ++jj)
-          if (group + 4 * jj < ib) lw[jj] = gemv::decode_lane_block(blocks[u][jj], chunk);
-        const int e_end = min(s.offsets[a + 1], c1);
-        for (int n0 = max(s.offsets[a], c0); n0 < e_end; n0 += kTok) {
-          float part[kTok];
-#pragma unroll
-          for (int q = 0; q < kTok; ++q) {
-            part[q] = 0.f;
-            if (n0 + q >= e_end) continue;
-#pragma unroll
-            for (int jj = 0; jj < kDownBlocksPerGroup; ++jj) {
-              const int j = group + 4 * jj;
-              if (j < ib)
-                part[q] += gemv::lane_block_dot(
-                    lw[jj], gemv::load_lane_activations(gemv::act_block(s.act + (n0 + q - c0) * entry_bytes + j * gemv::kActBlockBytes), chunk));
-            }
-          }
-#pragma unroll
-          for (int offset = 1; offset < 32; offset <<= 1)
-#pragma unroll
-            for (int q = 0; q < kTok; ++q) part[q] += __shfl_xor_sync(0xFFFFFFFFu, part[q], offset);
-#pragma unroll
-          for (int q = 0; q < kTok; ++q) {
-            if (n0 + q >= e_end) break;
-            const int t = s.entry_token[n0 + q];
-            const float contribution = s.entry_weight[n0 + q] * part[q];
-            if (t == lane) acc_lo += contribution;
-            if (t == lane + 32) acc_hi += contribution;
-          }
-        }
-      }
-    }
+    for (int t = 0; t < kTokensPerPass; ++t)
+      if (t < count && chunk == t) p.y[(pass + t) * std::int64_t(p.hidden) + row] = acc[0][t];
   }
-  if (lane < p.batch) p.x[std::int64_t(lane) * p.hidden + row] += acc_lo;
-  if (lane + 32 < p.batch) p.x[std::int64_t(lane + 32) * p.hidden + row] += acc_hi;
+
+  // The last of the chunk's num_active items combines it (release: fence before the count;
+  // acquire: fence after reading the final count).
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(p.chunk_done + chunk_index, 1) == num_active - 1;
+    if (last) __threadfence();
+  }
+  __syncthreads();
+  if (last) {
+    combine_chunk(p, chunk_index);
+    if (threadIdx.x == 0) p.chunk_done[chunk_index] = 0;  // ready for the next step
+  }
 }
 
 }  // namespace encore::moe

@@ -19,6 +19,14 @@ double bf16_to_double(std::uint16_t bits) {
   return f;
 }
 
+// Round to nearest even (finite inputs), as __float2bfloat16.
+std::uint16_t float_to_bf16_rne(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return std::uint16_t(u >> 16);
+}
+
 // Index of the best remaining entry: value descending, index ascending.
 int argmax_lower_index(const std::vector<double>& v, const std::vector<bool>& taken) {
   int best = -1;
@@ -54,10 +62,16 @@ void moe_router_logits(const void* weight, ops::MoeRouterDtype dtype, const floa
 }
 
 void moe_topk(const ops::MoeRoutingConfig& c, const float* logits, const float* bias, int batch, int* ids,
-              double* weights) {
+              double* weights, const int* slot_ids) {
   const int E = c.num_experts, k = c.top_k;
   const double kInf = std::numeric_limits<double>::infinity();
+  const bool zero_mask = c.hf_remote_biased_weights || c.mask_fill_zero;
   for (int t = 0; t < batch; ++t) {
+    if (slot_ids && slot_ids[t] < 0) {
+      std::fill(ids + std::size_t(t) * k, ids + std::size_t(t + 1) * k, -1);
+      std::fill(weights + std::size_t(t) * k, weights + std::size_t(t + 1) * k, 0.0);
+      continue;
+    }
     const float* u = logits + std::size_t(t) * E;
     std::vector<double> score(E), choice(E);
     if (c.score == ops::MoeScoreFunc::kSigmoid) {
@@ -86,7 +100,7 @@ void moe_topk(const ops::MoeRoutingConfig& c, const float* logits, const float* 
       for (int r = 0; r < c.topk_group; ++r) taken[argmax_lower_index(group_score, taken)] = true;
       for (int g = 0; g < c.n_group; ++g)
         if (!taken[g])
-          for (int e = g * per; e < (g + 1) * per; ++e) choice[e] = c.hf_remote_biased_weights ? 0.0 : -kInf;
+          for (int e = g * per; e < (g + 1) * per; ++e) choice[e] = zero_mask ? 0.0 : -kInf;
     }
 
     std::vector<bool> taken(E, false);
@@ -99,17 +113,19 @@ void moe_topk(const ops::MoeRoutingConfig& c, const float* logits, const float* 
       weights[std::size_t(t) * k + j] = w;
       sum += w;
     }
+    const bool renorm = c.renormalize && (k > 1 || c.renormalize_top1);
     for (int j = 0; j < k; ++j) {
       double& w = weights[std::size_t(t) * k + j];
-      if (c.renormalize) w /= sum + double(c.renorm_eps);
+      if (renorm) w /= sum + double(c.renorm_eps);
       w *= c.routed_scale;
+      if (c.weights_to_bf16) w = bf16_to_double(float_to_bf16_rne(float(w)));  // HF casts the fp32 weights
     }
   }
 }
 
 void moe_experts(const q4k::Block* gate, const q4k::Block* up, const q4k::Block* down, int num_experts, int num_shared,
                  int top_k, int hidden, int inter, int batch, const float* h, const int* ids, const float* weights,
-                 bool int8_activations, double* out) {
+                 bool int8_activations, double* out, const int* slot_ids) {
   const std::int64_t up_blocks = std::int64_t(inter) * (hidden / 256);   // blocks per gate/up matrix
   const std::int64_t down_blocks = std::int64_t(hidden) * (inter / 256);  // blocks per down matrix
   std::fill(out, out + std::size_t(batch) * hidden, 0.0);
@@ -119,6 +135,7 @@ void moe_experts(const q4k::Block* gate, const q4k::Block* up, const q4k::Block*
     std::vector<int> tokens;
     std::vector<double> route;
     for (int t = 0; t < batch; ++t) {
+      if (slot_ids && slot_ids[t] < 0) continue;  // pad row: no work
       if (e >= num_experts) {
         tokens.push_back(t);
         route.push_back(1.0);

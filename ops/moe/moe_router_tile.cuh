@@ -2,7 +2,9 @@
 //   router_gemv_tile : logits = W_g h for 8 experts (one per warp) over one K slice, all tokens;
 //                      partial sums per slice, added in slice order by the top-k (deterministic).
 //   router_topk_warp : one warp routes one token: scores, selection bias, group stage, k rounds
-//                      of shuffle argmax on (value desc, index asc), renormalise, scale.
+//                      of a 64-bit shuffle maximum on (value desc, index asc) keys, renormalise,
+//                      scale. P = experts per lane is a template parameter, so every per-lane
+//                      array stays in registers and no loop runs over absent entries.
 #pragma once
 
 #include <cfloat>
@@ -18,7 +20,6 @@ namespace encore::moe {
 
 inline constexpr int kRouterSliceBlocks = 3;  // 256-value blocks of K per router tile (768 values)
 inline constexpr int kRouterRowsPerTile = kWarpsPerBlock;
-inline constexpr int kMaxScoresPerLane = ops::kMaxMoeExperts / 32;
 
 struct RouterGemvParams {
   const void* weight;       // [E][hidden] fp32 or bf16
@@ -40,6 +41,7 @@ struct RouterTopkParams {
   int* ids;                 // [batch][k]
   float* weights;           // [batch][k]
   float* logits_out;        // optional [batch][E]
+  const int* slot_ids;      // optional [batch]; < 0: pad row
 };
 
 __host__ __device__ inline int router_gemv_tiles(const RouterGemvParams& p) {
@@ -125,100 +127,102 @@ __device__ inline void router_gemv_tile(const RouterGemvParams& p, int tile) {
   }
 }
 
-// (value desc, index asc): a total order, so the xor-butterfly argmax gives every lane the same winner.
-struct Candidate {
-  float value;
-  int index;
-  float weight;  // the routing weight the candidate would get
-};
-__device__ __forceinline__ bool better(float v, int i, const Candidate& c) {
-  return v > c.value || (v == c.value && i < c.index);
+// Top-k keys: (value desc, index asc) as one unsigned 64-bit maximum. The float's bits are mapped
+// to an unsigned order (negatives flipped), the index stored inverted; 0 marks "taken" (below
+// every real key, -inf included).
+__device__ __forceinline__ unsigned long long topk_key(float v, int index) {
+  const std::uint32_t bits = v == 0.f ? 0u : __float_as_uint(v);  // -0 ties with +0
+  const std::uint32_t ordered = (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+  return (static_cast<unsigned long long>(ordered) << 32) | std::uint32_t(0xFFFFFFFFu - std::uint32_t(index));
 }
-__device__ __forceinline__ Candidate warp_best(Candidate c) {
+__device__ __forceinline__ int key_index(unsigned long long key) { return int(0xFFFFFFFFu - std::uint32_t(key)); }
+
+__device__ __forceinline__ unsigned long long warp_max(unsigned long long key) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
-    const float v = __shfl_xor_sync(0xFFFFFFFFu, c.value, offset);
-    const int i = __shfl_xor_sync(0xFFFFFFFFu, c.index, offset);
-    const float w = __shfl_xor_sync(0xFFFFFFFFu, c.weight, offset);
-    if (better(v, i, c)) c = {v, i, w};
+    const unsigned long long other = __shfl_xor_sync(0xFFFFFFFFu, key, offset);
+    key = other > key ? other : key;
   }
-  return c;
+  return key;
 }
 
-// Routes token `token` with the calling warp. `choice_smem`: num_experts floats for this warp.
-// Lane l holds experts l*P .. l*P+P-1, P = ceil(E/32).
-__device__ inline void router_topk_warp(const RouterTopkParams& p, int token, float* choice_smem) {
+__device__ __forceinline__ bool is_pad_row(const int* slot_ids, int token) { return slot_ids && __ldg(slot_ids + token) < 0; }
+
+// Routes token `token` with the calling warp; P = experts per lane (lane l holds l*P .. l*P+P-1).
+// `choice_smem`: num_experts floats for this warp (group stage only).
+template <int P>
+__device__ void router_topk_warp(const RouterTopkParams& p, int token, float* choice_smem) {
   const ops::MoeRoutingConfig& c = p.config;
   const int lane = threadIdx.x % 32;
-  const int E = c.num_experts, P = (E + 31) / 32;
-  const bool sigmoid = c.score == ops::MoeScoreFunc::kSigmoid;
-
-  float score[kMaxScoresPerLane], choice[kMaxScoresPerLane];
-  std::uint32_t taken = 0;  // bit i: expert lane*P+i selected or absent
-#pragma unroll
-  for (int i = 0; i < kMaxScoresPerLane; ++i) {
-    score[i] = 0.f;
-    if (!(i < P && lane * P + i < E)) taken |= 1u << i;
+  const int E = c.num_experts;
+  const std::int64_t slot0 = std::int64_t(token) * c.top_k;
+  if (is_pad_row(p.slot_ids, token)) {  // no routing, no work downstream
+    if (lane < c.top_k) {
+      p.ids[slot0 + lane] = -1;
+      p.weights[slot0 + lane] = 0.f;
+    }
+    return;
   }
-  // Logits = sum of the slices' partials in slice order; all loads of a slice issued at once.
+  const bool sigmoid = c.score == ops::MoeScoreFunc::kSigmoid;
+  float score[P];
+  bool present[P];
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    present[i] = lane * P + i < E;
+    score[i] = 0.f;
+  }
+  // Logits = sum of the slices' partials in slice order.
   for (int s = 0; s < p.slices; ++s) {
     const float* row = p.logits + (std::int64_t(s) * p.batch + token) * E + lane * P;
 #pragma unroll
-    for (int i = 0; i < kMaxScoresPerLane; ++i)
-      if (!(taken >> i & 1)) score[i] += __ldg(row + i);
+    for (int i = 0; i < P; ++i)
+      if (present[i]) score[i] += __ldg(row + i);
   }
+  float bias[P];
+#pragma unroll
+  for (int i = 0; i < P; ++i) bias[i] = p.bias && present[i] ? __ldg(p.bias + lane * P + i) : 0.f;
   float local_max = -INFINITY;
 #pragma unroll
-  for (int i = 0; i < kMaxScoresPerLane; ++i)
-    if (!(taken >> i & 1)) {
+  for (int i = 0; i < P; ++i)
+    if (present[i]) {
       local_max = fmaxf(local_max, score[i]);
       if (p.logits_out) p.logits_out[std::int64_t(token) * E + lane * P + i] = score[i];
-    } else {
-      score[i] = -INFINITY;
     }
   if (sigmoid) {
 #pragma unroll
-    for (int i = 0; i < kMaxScoresPerLane; ++i)
-      if (!(taken >> i & 1)) score[i] = 1.f / (1.f + expf(-score[i]));
+    for (int i = 0; i < P; ++i) score[i] = 1.f / (1.f + expf(-score[i]));
   } else {
     float mx = local_max;
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, offset));
     float sum = 0.f;
 #pragma unroll
-    for (int i = 0; i < kMaxScoresPerLane; ++i)
-      if (!(taken >> i & 1)) {
-        score[i] = expf(score[i] - mx);
-        sum += score[i];
-      }
+    for (int i = 0; i < P; ++i) {
+      score[i] = present[i] ? expf(score[i] - mx) : 0.f;
+      sum += score[i];
+    }
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, offset);
 #pragma unroll
-    for (int i = 0; i < kMaxScoresPerLane; ++i)
-      if (!(taken >> i & 1)) score[i] = score[i] / sum;
+    for (int i = 0; i < P; ++i) score[i] = score[i] / sum;
   }
+  float choice[P], weight_of[P];
+  const bool biased_weights = c.hf_remote_biased_weights;
 #pragma unroll
-  for (int i = 0; i < kMaxScoresPerLane; ++i) {
-    const int e = lane * P + i;
-    float v = -INFINITY;
-    if (!(taken >> i & 1)) {
-      v = p.bias ? score[i] + __ldg(p.bias + e) : score[i];
-      if (isnan(v)) v = -FLT_MAX;
-    }
+  for (int i = 0; i < P; ++i) {
+    float v = p.bias ? score[i] + bias[i] : score[i];
+    if (isnan(v)) v = -FLT_MAX;
     choice[i] = v;
+    weight_of[i] = biased_weights ? v : score[i];
   }
 
-  // Group stage: lane g scores group g (sum of its top-2 choices with a bias, else its max),
+  // Group stage: lane g scores group g (sum of its top-2 choices with a bias, else its max) and
   // keeps it when fewer than topk_group groups beat it (score desc, index asc).
-  const bool biased_weights = c.hf_remote_biased_weights;
-  float weight_of[kMaxScoresPerLane];
-#pragma unroll
-  for (int i = 0; i < kMaxScoresPerLane; ++i) weight_of[i] = biased_weights ? choice[i] : score[i];
   if (c.n_group > 1 && c.topk_group < c.n_group) {
     const int per = E / c.n_group;
 #pragma unroll
-    for (int i = 0; i < kMaxScoresPerLane; ++i)
-      if (!(taken >> i & 1)) choice_smem[lane * P + i] = choice[i];
+    for (int i = 0; i < P; ++i)
+      if (present[i]) choice_smem[lane * P + i] = choice[i];
     __syncwarp();
     float group_score = -INFINITY;
     if (lane < c.n_group) {
@@ -240,38 +244,59 @@ __device__ inline void router_topk_warp(const RouterTopkParams& p, int token, fl
       rank += (other > group_score || (other == group_score && g < lane)) ? 1 : 0;
     }
     const bool kept = lane < c.n_group && rank < c.topk_group;
+    const float masked = biased_weights || c.mask_fill_zero ? 0.f : -INFINITY;
 #pragma unroll
-    for (int i = 0; i < kMaxScoresPerLane; ++i) {
-      const int e = lane * P + i;
-      const int group = min(e / per, c.n_group - 1);
-      const bool group_kept = __shfl_sync(0xFFFFFFFFu, kept, group) != 0;
-      if (!(taken >> i & 1) && !group_kept) choice[i] = biased_weights ? 0.f : -INFINITY;
+    for (int i = 0; i < P; ++i) {
+      const int group = min((lane * P + i) / per, c.n_group - 1);
+      if (!__shfl_sync(0xFFFFFFFFu, kept, group)) choice[i] = masked;
     }
     __syncwarp();
   }
 
-  // k rounds of argmax; lane j keeps slot j.
+  // Each lane sorts its P (key, weight) pairs descending once (odd-even transposition, all indices
+  // compile-time, so everything stays in registers); then k rounds of a 64-bit warp maximum over
+  // the lanes' heads, the winning lane popping its head. Lane j keeps slot j.
+  unsigned long long key[P];
+#pragma unroll
+  for (int i = 0; i < P; ++i) key[i] = present[i] ? topk_key(choice[i], lane * P + i) : 0ull;
+#pragma unroll
+  for (int pass = 0; pass < P; ++pass)
+#pragma unroll
+    for (int i = pass & 1; i + 1 < P; i += 2)
+      if (key[i + 1] > key[i]) {
+        const unsigned long long k = key[i];
+        key[i] = key[i + 1], key[i + 1] = k;
+        const float w = weight_of[i];
+        weight_of[i] = weight_of[i + 1], weight_of[i + 1] = w;
+      }
   int my_id = 0;
   float my_weight = 0.f, sum = 0.f;
   for (int j = 0; j < c.top_k; ++j) {
-    Candidate best{-INFINITY, INT_MAX, 0.f};
+    const unsigned long long winner = warp_max(key[0]);
+    const int id = key_index(winner);
+    const float w = __shfl_sync(0xFFFFFFFFu, weight_of[0], id / P);
+    if (key[0] == winner) {
 #pragma unroll
-    for (int i = 0; i < kMaxScoresPerLane; ++i)
-      if (!(taken >> i & 1) && better(choice[i], lane * P + i, best)) best = {choice[i], lane * P + i, weight_of[i]};
-    best = warp_best(best);
-    if (best.index / P == lane) taken |= 1u << (best.index % P);
-    if (lane == j) {
-      my_id = best.index;
-      my_weight = best.weight;
+      for (int i = 0; i + 1 < P; ++i) key[i] = key[i + 1], weight_of[i] = weight_of[i + 1];
+      key[P - 1] = 0ull;
     }
-    sum += best.weight;
+    if (lane == j) my_id = id, my_weight = w;
+    sum += w;
   }
   if (lane < c.top_k) {
-    if (c.renormalize) my_weight = my_weight / (sum + c.renorm_eps);
+    if (c.renormalize && (c.top_k > 1 || c.renormalize_top1)) my_weight = my_weight / (sum + c.renorm_eps);
     my_weight *= c.routed_scale;
-    p.ids[std::int64_t(token) * c.top_k + lane] = my_id;
-    p.weights[std::int64_t(token) * c.top_k + lane] = my_weight;
+    if (c.weights_to_bf16) my_weight = __bfloat162float(__float2bfloat16(my_weight));
+    p.ids[slot0 + lane] = my_id;
+    p.weights[slot0 + lane] = my_weight;
   }
+}
+
+// Experts per lane for E experts: the smallest power of two >= E / 32 (1..16).
+__host__ __device__ inline int topk_lane_width(int num_experts) {
+  int P = 1;
+  while (P * 32 < num_experts) P *= 2;
+  return P;
 }
 
 }  // namespace encore::moe

@@ -1,6 +1,8 @@
 // CPU tests of the MoE ops: the fp64 routing reference on hand-built cases, and argument
 // validation that fails before anything is launched (runs without a GPU).
 #include <cmath>
+#include <cstring>
+#include <algorithm>
 #include <set>
 #include <vector>
 
@@ -89,6 +91,57 @@ TEST(MoeRouterRef, SoftmaxRenormalisedEqualsSoftmaxOverSelected) {
       for (int j = 0; j < 8; ++j) EXPECT_LT(u[e], u[ids[j]]);
 }
 
+TEST(MoeRouterRef, CompatFlagsAndPadRows) {
+  // Kimi at k = 1: no renormalisation (weight = scale * sigmoid), DeepSeek at k = 1 renormalises.
+  std::vector<float> u(256, -1.f);
+  u[17] = 2.f;
+  std::vector<int> ids(1);
+  std::vector<double> w(1);
+  MoeRoutingConfig kimi = MoeRoutingConfig::kimi_linear();
+  kimi.top_k = 1;
+  ref::moe_topk(kimi, u.data(), nullptr, 1, ids.data(), w.data());
+  EXPECT_EQ(ids[0], 17);
+  EXPECT_NEAR(w[0], double(kimi.routed_scale) / (1.0 + std::exp(-2.0)), 1e-12);
+  MoeRoutingConfig ds = MoeRoutingConfig::deepseek_v3();
+  ds.n_group = ds.topk_group = 1, ds.top_k = 1;
+  ref::moe_topk(ds, u.data(), nullptr, 1, ids.data(), w.data());
+  EXPECT_NEAR(w[0], 2.5, 1e-12);
+  // weights_to_bf16: every weight is a bf16 value.
+  MoeRoutingConfig qwen = MoeRoutingConfig::qwen3_moe();
+  qwen.weights_to_bf16 = true;
+  std::vector<float> q(128);
+  for (int e = 0; e < 128; ++e) q[e] = std::cos(0.71f * e) * 2.f;
+  std::vector<int> qid(8);
+  std::vector<double> qw(8);
+  ref::moe_topk(qwen, q.data(), nullptr, 1, qid.data(), qw.data());
+  for (double v : qw) {
+    const float f = float(v);
+    std::uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    EXPECT_EQ(bits & 0xFFFFu, 0u) << v;
+  }
+  // mask_fill_zero: with all-negative biased scores the 0-masked dropped groups are selected.
+  const std::vector<float> g = grouping_case_logits(), neg(256, -5.f);
+  std::vector<int> masked(8), zeroed(8);
+  std::vector<double> w8(8);
+  ref::moe_topk(MoeRoutingConfig::deepseek_v3(), g.data(), neg.data(), 1, masked.data(), w8.data());
+  MoeRoutingConfig fill = MoeRoutingConfig::deepseek_v3();
+  fill.mask_fill_zero = true;
+  ref::moe_topk(fill, g.data(), neg.data(), 1, zeroed.data(), w8.data());
+  for (int id : masked) EXPECT_TRUE(id < 32 || id >= 160) << id;
+  EXPECT_EQ(zeroed, (std::vector<int>{32, 33, 34, 35, 36, 37, 38, 39}));
+  // Pad rows: ids -1, weights 0.
+  const std::vector<int> slots = {0, -1};
+  std::vector<float> two(512);
+  std::copy(g.begin(), g.end(), two.begin());
+  std::copy(g.begin(), g.end(), two.begin() + 256);
+  std::vector<int> pid(16);
+  std::vector<double> pw(16);
+  ref::moe_topk(MoeRoutingConfig::deepseek_v3(), two.data(), nullptr, 2, pid.data(), pw.data(), slots.data());
+  for (int j = 8; j < 16; ++j) EXPECT_TRUE(pid[j] == -1 && pw[j] == 0.0);
+  EXPECT_EQ(pid[0], 5);
+}
+
 // ---- validation: nothing reaches the GPU ----------------------------------------------------
 
 template <class T>
@@ -164,12 +217,25 @@ TEST(MoeValidation, RouterRejectsBadInput) {
   EXPECT_EQ(ops::moe_router([] { auto p = good_router(); p.workspace_bytes -= 4; return p; }(), nullptr).code(), StatusCode::kOutOfRange);
   EXPECT_EQ(ops::moe_router([] { auto p = good_router(); p.topk_weights = reinterpret_cast<float*>(p.topk_ids) + 4; return p; }(), nullptr).code(),
             StatusCode::kOverlap);
+  EXPECT_EQ(ops::moe_router([] { auto p = good_router(); p.config.topk_group = 9; return p; }(), nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ops::moe_router([] { auto p = good_router(); p.config.n_group = 6; return p; }(), nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ops::moe_router([] { auto p = good_router(); p.slot_ids = reinterpret_cast<const int*>(std::uintptr_t(7) << 40 | 2); return p; }(), nullptr).code(),
+            StatusCode::kMisaligned);
   ops::MoeTopkParams t;
   t.config = MoeRoutingConfig::qwen3_moe();
   t.logits = fake<float>(0);
   t.topk_ids = fake<int>(1);
   t.topk_weights = nullptr;
   EXPECT_EQ(ops::moe_topk(t, nullptr).code(), StatusCode::kNullPointer);
+  t.topk_weights = fake<float>(2);
+  t.batch = 65;
+  EXPECT_EQ(ops::moe_topk(t, nullptr).code(), StatusCode::kOutOfRange);
+  t.batch = 4;
+  t.config.top_k = 200;
+  EXPECT_EQ(ops::moe_topk(t, nullptr).code(), StatusCode::kInvalidArgument);
+  t.config = MoeRoutingConfig::qwen3_moe();
+  t.logits = reinterpret_cast<const float*>(reinterpret_cast<std::uintptr_t>(t.logits) + 2);
+  EXPECT_EQ(ops::moe_topk(t, nullptr).code(), StatusCode::kMisaligned);
 }
 
 TEST(MoeValidation, ExpertsRejectBadInput) {
@@ -192,6 +258,9 @@ TEST(MoeValidation, ExpertsRejectBadInput) {
   check([](auto& p) { p.workspace_bytes = 100; }, StatusCode::kOutOfRange);
   check([](auto& p) { p.x = const_cast<float*>(p.h) + 16; }, StatusCode::kOverlap);
   check([](auto& p) { p.workspace = const_cast<int*>(p.topk_ids); }, StatusCode::kOverlap);
+  check([](auto& p) { p.h = nullptr; }, StatusCode::kNullPointer);
+  check([](auto& p) { p.slot_ids = reinterpret_cast<const int*>(std::uintptr_t(9) << 40 | 2); }, StatusCode::kMisaligned);
+  check([](auto& p) { p.slot_ids = reinterpret_cast<const int*>(p.x); }, StatusCode::kOverlap);
 }
 
 }  // namespace

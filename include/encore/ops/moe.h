@@ -41,13 +41,27 @@ struct MoeRoutingConfig {
   bool renormalize = true;
   float renorm_eps = 1e-20f;
   float routed_scale = 1.f;
-  // Kimi HF remote code compatibility (tests only): weights from the biased scores, dropped
-  // groups masked with 0 instead of -inf.
+  bool renormalize_top1 = true;  // false: no renormalisation when top_k == 1 (Kimi: "only if k > 1")
+  // Compatibility flags (specs/moe.md §1 table; tests only, never the default):
+  //   hf_remote_biased_weights : Kimi HF remote code: weights from the biased scores, dropped
+  //                              groups masked with 0 instead of -inf;
+  //   mask_fill_zero           : DeepSeek HF code: dropped groups masked with 0 instead of -inf;
+  //   weights_to_bf16          : Qwen3 HF code: final weights rounded to bf16 (nearest even).
   bool hf_remote_biased_weights = false;
+  bool mask_fill_zero = false;
+  bool weights_to_bf16 = false;
 
-  static MoeRoutingConfig deepseek_v3() { return {MoeScoreFunc::kSigmoid, 256, 8, 8, 4, true, 1e-20f, 2.5f, false}; }
-  static MoeRoutingConfig kimi_linear() { return {MoeScoreFunc::kSigmoid, 256, 8, 1, 1, true, 1e-20f, 2.446f, false}; }
-  static MoeRoutingConfig qwen3_moe() { return {MoeScoreFunc::kSoftmax, 128, 8, 1, 1, true, 0.f, 1.f, false}; }
+  static MoeRoutingConfig deepseek_v3() { return make(MoeScoreFunc::kSigmoid, 256, 8, 8, 4, 1e-20f, 2.5f, true); }
+  static MoeRoutingConfig kimi_linear() { return make(MoeScoreFunc::kSigmoid, 256, 8, 1, 1, 1e-20f, 2.446f, false); }
+  static MoeRoutingConfig qwen3_moe() { return make(MoeScoreFunc::kSoftmax, 128, 8, 1, 1, 0.f, 1.f, true); }
+
+ private:
+  static MoeRoutingConfig make(MoeScoreFunc score, int e, int k, int g, int kept, float eps, float scale, bool top1) {
+    MoeRoutingConfig c;
+    c.score = score, c.num_experts = e, c.top_k = k, c.n_group = g, c.topk_group = kept;
+    c.renorm_eps = eps, c.routed_scale = scale, c.renormalize_top1 = top1;
+    return c;
+  }
 };
 
 // k <= E, groups divide E, topk_group <= n_group, k <= topk_group * E / n_group, ...
@@ -64,6 +78,7 @@ struct MoeRouterParams {
   int* topk_ids = nullptr;               // [batch][top_k], selection order (descending score)
   float* topk_weights = nullptr;         // [batch][top_k]
   float* logits = nullptr;               // optional [batch][num_experts] output
+  const int* slot_ids = nullptr;         // optional [batch] (device); slot_ids[t] < 0: pad row -> ids -1, weights 0
   void* workspace = nullptr;             // moe_router_workspace_bytes(...), 16-byte aligned
   std::size_t workspace_bytes = 0;
 };
@@ -78,6 +93,7 @@ struct MoeTopkParams {
   int batch = 1;
   int* topk_ids = nullptr;               // [batch][top_k]
   float* topk_weights = nullptr;         // [batch][top_k]
+  const int* slot_ids = nullptr;         // optional [batch] (device); < 0: pad row -> ids -1, weights 0
 };
 Status moe_topk(const MoeTopkParams& p, cudaStream_t stream);
 
@@ -98,6 +114,7 @@ struct MoeExpertsParams {
   float* x = nullptr;                    // [batch][hidden] residual stream, updated in place
   const int* topk_ids = nullptr;         // [batch][top_k] (device; e.g. from moe_router)
   const float* topk_weights = nullptr;   // [batch][top_k] (routed scale already applied)
+  const int* slot_ids = nullptr;         // optional [batch] (device); slot_ids[t] < 0: pad row, no work, x[t] untouched
   void* workspace = nullptr;             // moe_experts_workspace_bytes(...), 16-byte aligned
   std::size_t workspace_bytes = 0;
   // Optional: set to a non-zero value on the device when an id is out of range or repeated within

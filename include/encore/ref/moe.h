@@ -14,18 +14,20 @@ void moe_router_logits(const void* weight, ops::MoeRouterDtype dtype, const floa
                        int hidden, double* logits);
 
 // Routing of `batch` tokens from fp32 logits (specs/moe.md §2), scores in double. Ties (equal
-// doubles) go to the lower index. ids [batch][k] in selection order, weights [batch][k].
+// doubles) go to the lower index. ids [batch][k] in selection order, weights [batch][k]. Pad rows
+// (slot_ids[t] < 0, when slot_ids is given) get ids -1 and weights 0.
 void moe_topk(const ops::MoeRoutingConfig& config, const float* logits, const float* bias, int batch, int* ids,
-              double* weights);
+              double* weights, const int* slot_ids = nullptr);
 
 // Expert layer: out[t][r] = sum_j w[t][j] * E_{ids[t][j]}(h[t])[r] + sum_s Shared_s(h[t])[r]
 // (the residual is not added). Weights dequantised exactly.
 //   int8_activations = false: exact activations (the model's math);
 //   int8_activations = true : the kernels' arithmetic in double (h and silu(g)*u quantised with
 //                             ref::quantize_activations), for tight indexing checks.
-// Slots whose id is out of range or repeated within the token are skipped, as on the device.
+// Slots whose id is out of range or repeated within the token are skipped, as on the device; pad
+// rows (slot_ids[t] < 0, when slot_ids is given) get out = 0.
 void moe_experts(const q4k::Block* gate, const q4k::Block* up, const q4k::Block* down, int num_experts, int num_shared,
                  int top_k, int hidden, int inter, int batch, const float* h, const int* ids, const float* weights,
-                 bool int8_activations, double* out);
+                 bool int8_activations, double* out, const int* slot_ids = nullptr);
 
 }  // namespace encore::ref
