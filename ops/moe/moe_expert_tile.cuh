@@ -13,8 +13,10 @@
 //                  row chunk to finish (an integer counter) combines it: per token, in ascending
 //                  expert id (shared last), x[t][row] += sum_j w_j * y[entry_j][row]. One owner
 //                  per output element, no float atomics.
-// Every item prefetches the weights of the item its block takes next into L2, so HBM stays busy
-// through the item's epilogue. A (row, token) dot product runs the same code in the same order
+// Weights stream through a ring of shared-memory stages filled by bulk copies (moe_weight_ring.cuh):
+// a block keeps its next items' rows in flight while it computes, and reads each row from HBM
+// once however many token passes use it. When the stages do not fit (large hidden), the same
+// bodies read the rows from global memory with a one-item L2 prefetch ahead. A (row, token) dot product runs the same code in the same order
 // whatever the batch, so a token's output is bitwise independent of the other tokens.
 #pragma once
 
@@ -25,6 +27,7 @@
 #include "common/launch.cuh"
 #include "gemv/activation_q8.cuh"
 #include "gemv/q4k_dot.cuh"
+#include "moe/moe_weight_ring.cuh"
 
 namespace encore::moe {
 
@@ -75,8 +78,11 @@ __host__ __device__ inline int down_row_chunks(int hidden) { return hidden / kRo
 
 struct PlanSmem {
   unsigned long long token_mask[kMaxPlanExperts];  // bit t: token t routed to the expert
+  unsigned long long real_tokens;                  // bit t: token t is not a pad row
   int entry_offset[kMaxPlanExperts];
   int token_valid[ops::kMaxMoeBatch];              // routed slots of each token that count
+  int ids[ops::kMaxMoeBatch * ops::kMaxMoeTopK];   // the routing, out-of-range ids as -1
+  bool valid[ops::kMaxMoeBatch * ops::kMaxMoeTopK];
   typename cub::BlockScan<int, kBlockThreads>::TempStorage scan;
 };
 __host__ __device__ constexpr std::size_t prepare_smem_bytes() { return sizeof(PlanSmem); }
@@ -103,10 +109,13 @@ __device__ __forceinline__ bool pad_row(const ExpertsTileParams& p, int token) {
 
 // A slot counts when its token is not a pad row, its id is in range and not repeated earlier in
 // the token. Bad ids of real tokens raise the error flag.
-__device__ __forceinline__ bool slot_valid(const ExpertsTileParams& p, int token, int slot, int id) {
-  if (id < 0 || id >= p.num_experts) return false;
+// A slot counts when its token is not a pad row, its id is in range and not repeated earlier in
+// the token (ids staged in shared memory). Bad ids of real tokens raise the error flag.
+__device__ __forceinline__ bool slot_valid(const int* ids, int top_k, int token, int slot) {
+  const int id = ids[token * top_k + slot];
+  if (id < 0) return false;
   for (int j = 0; j < slot; ++j)
-    if (p.ids[token * p.top_k + j] == id) return false;
+    if (ids[token * top_k + j] == id) return false;
   return true;
 }
 
@@ -114,21 +123,29 @@ __device__ inline void build_work_list(const ExpertsTileParams& p, char* smem) {
   PlanSmem& s = *reinterpret_cast<PlanSmem*>(smem);
   const int experts = p.num_experts + p.num_shared;
   const int per_token = p.top_k + p.num_shared;
-  unsigned long long real_tokens = 0ull;  // non-pad rows (every thread computes the same mask)
-  for (int t = 0; t < p.batch; ++t)
-    if (!pad_row(p, t)) real_tokens |= 1ull << t;
-  for (int e = threadIdx.x; e < experts; e += kBlockThreads) s.token_mask[e] = e >= p.num_experts ? real_tokens : 0ull;
+  const int slots = p.batch * p.top_k;
+  if (threadIdx.x == 0) s.real_tokens = 0ull;
   for (int t = threadIdx.x; t < p.batch; t += kBlockThreads) s.token_valid[t] = 0;
+  for (int i = threadIdx.x; i < slots; i += kBlockThreads) {
+    const int id = p.ids[i];
+    s.ids[i] = id >= 0 && id < p.num_experts ? id : -1;
+  }
   for (int c = threadIdx.x; c < down_row_chunks(p.hidden); c += kBlockThreads) p.chunk_done[c] = 0;
   __syncthreads();
-  const int slots = p.batch * p.top_k;
+  for (int t = threadIdx.x; t < p.batch; t += kBlockThreads)
+    if (!pad_row(p, t)) atomicOr(&s.real_tokens, 1ull << t);
+  __syncthreads();
+  const unsigned long long real_tokens = s.real_tokens;
+  for (int e = threadIdx.x; e < experts; e += kBlockThreads) s.token_mask[e] = e >= p.num_experts ? real_tokens : 0ull;
+  __syncthreads();
   for (int i = threadIdx.x; i < slots; i += kBlockThreads) {
-    const int t = i / p.top_k, id = p.ids[i];
-    if (!(real_tokens >> t & 1)) continue;
-    if (slot_valid(p, t, i % p.top_k, id)) {
-      atomicOr(&s.token_mask[id], 1ull << t);  // integer OR: order-free, deterministic
+    const int t = i / p.top_k;
+    const bool valid = (real_tokens >> t & 1) && slot_valid(s.ids, p.top_k, t, i % p.top_k);
+    s.valid[i] = valid;
+    if (valid) {
+      atomicOr(&s.token_mask[s.ids[i]], 1ull << t);  // integer OR: order-free, deterministic
       atomicAdd(&s.token_valid[t], 1);
-    } else if (p.error_flag) {
+    } else if ((real_tokens >> t & 1) && p.error_flag) {
       *p.error_flag = 1;
     }
   }
@@ -166,16 +183,13 @@ __device__ inline void build_work_list(const ExpertsTileParams& p, char* smem) {
   for (int i = threadIdx.x; i < p.batch * per_token; i += kBlockThreads) p.token_entries[i] = -1;
   __syncthreads();
   for (int i = threadIdx.x; i < slots; i += kBlockThreads) {
-    const int t = i / p.top_k, id = p.ids[i];
-    if (!(real_tokens >> t & 1) || !slot_valid(p, t, i % p.top_k, id)) continue;
+    if (!s.valid[i]) continue;
+    const int t = i / p.top_k, id = s.ids[i];
     const int at = s.entry_offset[id] + __popcll(s.token_mask[id] & ((1ull << t) - 1));
     p.entry_token[at] = t;
     p.entry_weight[at] = p.weights[i];
     int rank = 0;
-    for (int j = 0; j < p.top_k; ++j) {
-      const int other = p.ids[t * p.top_k + j];
-      rank += (other < id && slot_valid(p, t, j, other)) ? 1 : 0;
-    }
+    for (int j = 0; j < p.top_k; ++j) rank += (s.valid[t * p.top_k + j] && s.ids[t * p.top_k + j] < id) ? 1 : 0;
     p.token_entries[t * per_token + rank] = at;
   }
   for (int i = threadIdx.x; i < p.num_shared * p.batch; i += kBlockThreads) {
@@ -213,10 +227,20 @@ __device__ __forceinline__ void stage_activations(char* act, int k_blocks, int c
     reinterpret_cast<uint4*>(act)[i] = reinterpret_cast<const uint4*>(src(i / words_per_token))[i % words_per_token];
 }
 
-// This lane's share of row . act[t] for kMats matrices (rows at w[m], k_blocks Q4_K blocks each)
-// and `count` staged tokens: lane `chunk` of its 8-lane group covers qs chunk `chunk` of every
-// block; the caller reduces over the 8 lanes. kUnroll blocks of every matrix are in flight.
-template <int kMats, int kUnroll>
+// A Q4_K block as one lane sees it, from shared memory (kSmem: the ring) or global memory.
+template <bool kSmem>
+__device__ __forceinline__ gemv::LaneBlock load_block(const char* block, int chunk) {
+  if constexpr (kSmem) {
+    return {*reinterpret_cast<const uint4*>(block), *reinterpret_cast<const uint4*>(block + 16 + 16 * chunk)};
+  } else {
+    return gemv::load_lane_block(block, chunk);
+  }
+}
+
+// This lane's row . act[t] for kMats matrices (rows at w[m], k_blocks Q4_K blocks each) and
+// `count` staged tokens, reduced over the 8-lane group: lane `chunk` covers qs chunk `chunk` of
+// every block. kUnroll blocks of every matrix are loaded together.
+template <int kMats, int kUnroll, bool kSmem>
 __device__ __forceinline__ void rows_dot_tokens(const char* const (&w)[kMats], int k_blocks, const char* act, int count,
                                                 int chunk, float (&acc)[kMats][kTokensPerPass]) {
 #pragma unroll
@@ -229,7 +253,7 @@ __device__ __forceinline__ void rows_dot_tokens(const char* const (&w)[kMats], i
     for (int u = 0; u < kUnroll; ++u)
       if (j0 + u < k_blocks)
 #pragma unroll
-        for (int m = 0; m < kMats; ++m) blocks[u][m] = gemv::load_lane_block(w[m] + (j0 + u) * q4k::kBlockBytes, chunk);
+        for (int m = 0; m < kMats; ++m) blocks[u][m] = load_block<kSmem>(w[m] + (j0 + u) * q4k::kBlockBytes, chunk);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int j = j0 + u;
@@ -294,7 +318,11 @@ __device__ __forceinline__ void prefetch_gate_up_item(const ExpertsTileParams& p
                 kRowsPerItem * p.up_row_bytes);
 }
 
-__device__ inline void gate_up_item(const ExpertsTileParams& p, int item, char* smem) {
+// Item = (active expert, 32-row group). `stage`: the item's 32 gate then 32 up rows in shared
+// memory (the ring), or null to read them from global memory. `smem`: activations, silu(g)*u and
+// the quantiser scratch.
+template <bool kSmem>
+__device__ inline void gate_up_item(const ExpertsTileParams& p, int item, char* smem, const char* stage) {
   const int row_groups = gate_up_row_groups(p.inter);
   const int a = item / row_groups, row_group = item % row_groups;
   const int expert = p.active[a];
@@ -303,8 +331,9 @@ __device__ inline void gate_up_item(const ExpertsTileParams& p, int item, char* 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunk = lane % 8, row_in_item = warp * 4 + lane / 8;
   const std::int64_t row = std::int64_t(row_group) * kRowsPerItem + row_in_item;
-  const char* const w[2] = {p.gate + expert * p.up_matrix_bytes + row * p.up_row_bytes,
-                            p.up + expert * p.up_matrix_bytes + row * p.up_row_bytes};
+  const char* const w[2] = {
+      kSmem ? stage + row_in_item * p.up_row_bytes : p.gate + expert * p.up_matrix_bytes + row * p.up_row_bytes,
+      kSmem ? stage + (kRowsPerItem + row_in_item) * p.up_row_bytes : p.up + expert * p.up_matrix_bytes + row * p.up_row_bytes};
   const int hb = p.hidden_blocks;
   char* act = smem;
   float* mid = reinterpret_cast<float*>(smem + act_stage_bytes(hb));                       // [8][32]
@@ -318,7 +347,7 @@ __device__ inline void gate_up_item(const ExpertsTileParams& p, int item, char* 
     });
     __syncthreads();
     float acc[2][kTokensPerPass];
-    rows_dot_tokens<2, 4>(w, hb, act, count, chunk, acc);
+    rows_dot_tokens<2, 4, kSmem>(w, hb, act, count, chunk, acc);
 #pragma unroll
     for (int t = 0; t < kTokensPerPass; ++t)
       if (t < count && chunk == t) {
@@ -332,6 +361,18 @@ __device__ inline void gate_up_item(const ExpertsTileParams& p, int item, char* 
       quantize_sub_block(mid + warp * kRowsPerItem, row_group % 8, scratch,
                          p.act_mid + ((pass + warp) * std::int64_t(p.inter_blocks) + row_group / 8) * gemv::kActBlockBytes);
   }
+}
+
+// Bulk copies of an item's 32 gate and 32 up rows (each contiguous) into a ring stage.
+__host__ __device__ inline std::uint32_t gate_up_item_bytes(std::int64_t up_row_bytes) {
+  return std::uint32_t(2 * kRowsPerItem * up_row_bytes);
+}
+__device__ __forceinline__ void issue_gate_up_item(const ExpertsTileParams& p, int item, char* dst, std::uint64_t* bar) {
+  const int row_groups = gate_up_row_groups(p.inter);
+  const std::int64_t offset = p.active[item / row_groups] * p.up_matrix_bytes + std::int64_t(item % row_groups) * kRowsPerItem * p.up_row_bytes;
+  const std::uint32_t bytes = std::uint32_t(kRowsPerItem * p.up_row_bytes);
+  bulk_copy_to_smem(dst, p.gate + offset, bytes, bar);
+  bulk_copy_to_smem(dst + bytes, p.up + offset, bytes, bar);
 }
 
 // ---- down + combine -----------------------------------------------------------------------------
@@ -354,14 +395,9 @@ __device__ inline void combine_chunk(const ExpertsTileParams& p, int chunk_index
   }
 }
 
-// An item's 32 down rows are contiguous: one bulk L2 prefetch (thread 0).
-__device__ __forceinline__ void prefetch_down_item(const ExpertsTileParams& p, int item) {
-  const int chunks = down_row_chunks(p.hidden);
-  const std::int64_t rows_bytes = kRowsPerItem * p.down_row_bytes;
-  if (threadIdx.x == 0) prefetch_l2(p.down + p.active[item / chunks] * p.down_matrix_bytes + (item % chunks) * rows_bytes, rows_bytes);
-}
-
-__device__ inline void down_item(const ExpertsTileParams& p, int item, int num_active, char* smem) {
+// Item = (active expert, 32 output rows); `stage`: the item's rows in shared memory, or null.
+template <bool kSmem>
+__device__ inline void down_item(const ExpertsTileParams& p, int item, int num_active, char* smem, const char* stage) {
   const int chunks = down_row_chunks(p.hidden);
   const int a = item / chunks, chunk_index = item % chunks;
   const int expert = p.active[a];
@@ -370,7 +406,8 @@ __device__ inline void down_item(const ExpertsTileParams& p, int item, int num_a
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunk = lane % 8, row_in_item = warp * 4 + lane / 8;
   const std::int64_t row = std::int64_t(chunk_index) * kRowsPerItem + row_in_item;
-  const char* const w[1] = {p.down + expert * p.down_matrix_bytes + row * p.down_row_bytes};
+  const char* const w[1] = {kSmem ? stage + row_in_item * p.down_row_bytes
+                                  : p.down + expert * p.down_matrix_bytes + row * p.down_row_bytes};
   const int ib = p.inter_blocks;
   for (int pass = first; pass < end; pass += kTokensPerPass) {
     const int count = min(kTokensPerPass, end - pass);
@@ -378,7 +415,7 @@ __device__ inline void down_item(const ExpertsTileParams& p, int item, int num_a
     stage_activations(smem, ib, count, [&](int i) { return p.act_mid + std::int64_t(pass + i) * ib * gemv::kActBlockBytes; });
     __syncthreads();
     float acc[1][kTokensPerPass];
-    rows_dot_tokens<1, 4>(w, ib, smem, count, chunk, acc);
+    rows_dot_tokens<1, 4, kSmem>(w, ib, smem, count, chunk, acc);
 #pragma unroll
     for (int t = 0; t < kTokensPerPass; ++t)
       if (t < count && chunk == t) p.y[(pass + t) * std::int64_t(p.hidden) + row] = acc[0][t];
@@ -398,6 +435,16 @@ __device__ inline void down_item(const ExpertsTileParams& p, int item, int num_a
     combine_chunk(p, chunk_index);
     if (threadIdx.x == 0) p.chunk_done[chunk_index] = 0;  // ready for the next step
   }
+}
+
+__host__ __device__ inline std::uint32_t down_item_bytes(std::int64_t down_row_bytes) {
+  return std::uint32_t(kRowsPerItem * down_row_bytes);
+}
+__device__ __forceinline__ void issue_down_item(const ExpertsTileParams& p, int item, char* dst, std::uint64_t* bar) {
+  const int chunks = down_row_chunks(p.hidden);
+  const std::int64_t rows_bytes = kRowsPerItem * p.down_row_bytes;
+  bulk_copy_to_smem(dst, p.down + p.active[item / chunks] * p.down_matrix_bytes + (item % chunks) * rows_bytes,
+                    std::uint32_t(rows_bytes), bar);
 }
 
 }  // namespace encore::moe
