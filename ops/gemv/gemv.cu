@@ -2,6 +2,7 @@
 #include <encore/ops/q4k_gemv.h>
 
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 
 #include "common/cuda_check.h"
@@ -13,40 +14,28 @@ namespace {
 
 using gemv::GemvTileParams;
 
-// Shared memory for the activations of one chunk (96 KB keeps two blocks per SM possible).
-constexpr std::size_t kActivationBudget = 96 * 1024;
+// Dynamic shared memory a block may use to fit two (or one) blocks per SM on sm_90.
+constexpr std::size_t kSmemTwoPerSm = 113 * 1024;
+constexpr std::size_t kSmemOnePerSm = 227 * 1024;
 
-// Pulls the rows of `tile` into L2 (cp.async.bulk.prefetch): weights never depend on the
-// previous kernel, so this runs before the PDL wait and overlaps the previous kernel's tail.
-__device__ void prefetch_tile_l2(const GemvTileParams& p, int nmat, std::int64_t tile) {
-  const int rows = gemv::rows_per_tile(p.rows_per_warp);
-  const int r = threadIdx.x % rows, m = threadIdx.x / rows;
-  const std::int64_t row = tile * rows + r;
-  if (m >= nmat || row >= p.n || p.row_bytes >= (std::int64_t(1) << 31)) return;
-  const char* src = p.mat[m] + row * p.row_bytes;
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(std::uint32_t(p.row_bytes)) : "memory");
-}
+// Bodies with up to 4 accumulators per lane fit two blocks per SM (when shared memory allows); the
+// others need the registers (several rows per group).
+template <int NTOK, int NMAT>
+constexpr int kMinBlocksPerSm = NTOK * NMAT * gemv::rows_per_group(NTOK, NMAT) >= 8 ? 1 : 2;
 
-// The single-token, single-matrix bodies fit two blocks per SM (ncu: one fat block per SM left
-// the schedulers idle 80% of cycles); the others need their registers and rely on the L2
-// lookahead for bytes in flight.
-template <int NTOK, int NMAT, int R>
-__global__ void __launch_bounds__(kBlockThreads, NTOK * NMAT == 1 ? 2 : 1) gemv_kernel(const __grid_constant__ GemvTileParams p) {
+template <int NTOK, int NMAT>
+__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm<NTOK, NMAT>) gemv_kernel(const __grid_constant__ GemvTileParams p) {
   extern __shared__ __align__(16) char smem[];
+  const gemv::GemvSmem s(smem, p, NTOK, NMAT);
   const std::int64_t tiles = gemv::num_tiles(p);
-  // The block's first tiles stream from HBM into L2 while it waits for its inputs; each later
-  // tile keeps `kLookahead` tiles in flight ahead of the one it computes.
-  constexpr int kLookahead = 2;
-  for (int ahead = 0; ahead < kLookahead; ++ahead)
-    if (blockIdx.x + std::int64_t(ahead) * gridDim.x < tiles) prefetch_tile_l2(p, NMAT, blockIdx.x + std::int64_t(ahead) * gridDim.x);
+  // The first `stages` weight copies of every warp are in flight before the wait for the
+  // upstream kernel (weights never depend on it). No separate L2 prefetch: measured slower (v5).
+  gemv::TileState state;
+  state.pipe = gemv::start_weight_pipe<NMAT>(p, s, blockIdx.x, gridDim.x);
   device::wait_for_upstream();
   device::allow_downstream();
-  bool act_cached = false;
-  for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const std::int64_t next = tile + std::int64_t(kLookahead) * gridDim.x;
-    if (next < tiles) prefetch_tile_l2(p, NMAT, next);
-    gemv::gemv_tile<NTOK, NMAT, R>(p, tile, smem, act_cached);
-  }
+  for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x)
+    gemv::gemv_tile<NTOK, NMAT, gemv::rows_per_group(NTOK, NMAT)>(p, tile, s, state);
 }
 
 // The token-count tiers the kernels are instantiated for.
@@ -59,22 +48,80 @@ Status dispatch_tokens(int batch, F&& f) {
   return f(std::integral_constant<int, 16>{});
 }
 
-// Rows per warp: 4 (each activation read feeds 4 rows; fewer prologues) for several tokens or at
-// least two 32-row tiles per SM; otherwise 1 (8-row tiles) so a small matrix spreads over every SM.
-int choose_rows_per_warp(std::int64_t n, int batch, int sms) {
-  return batch >= 4 || n >= 2 * gemv::rows_per_tile(4) * std::int64_t(sms) ? 4 : 1;
+std::size_t smem_bytes(const GemvTileParams& p, int ntok, int nmat) { return gemv::GemvSmem(nullptr, p, ntok, nmat).bytes; }
+
+// Ring depth and activation chunk for the row split already set in p; returns the blocks per SM
+// the shared memory allows (2 or 1). Prefers all of K in one chunk (quantised once per block),
+// then two blocks per SM, then a deeper ring.
+int plan_memory(GemvTileParams& p, int ntok, int nmat) {
+  p.chunk_blocks = p.k_blocks;
+  for (int blocks = 2; blocks >= 1; --blocks)
+    for (int stages = gemv::kMaxStages; stages >= 2; --stages) {
+      p.stages = stages;
+      if (smem_bytes(p, ntok, nmat) <= (blocks == 2 ? kSmemTwoPerSm : kSmemOnePerSm)) return blocks;
+    }
+  // Activations in chunks of whole stages, as many as fit beside the deepest ring that leaves room.
+  for (int stages = gemv::kMaxStages; stages >= 2; --stages) {
+    p.stages = stages;
+    p.chunk_blocks = 0;
+    const std::size_t fixed = smem_bytes(p, ntok, nmat);
+    const std::size_t per_block = std::size_t(ntok) * (gemv::kActStride + sizeof(float));
+    const int fit = fixed < kSmemOnePerSm ? int((kSmemOnePerSm - fixed - 64) / per_block) : 0;
+    if (fit >= p.stage_blocks) {
+      p.chunk_blocks = fit / p.stage_blocks * p.stage_blocks;
+      return 1;
+    }
+  }
+  p.chunk_blocks = p.stage_blocks;  // unreachable for kMaxTokens tokens; the launcher checks the size
+  return 1;
+}
+
+// Relative time of one warp step (8 groups x one block x RL rows, all tokens) on an SM: issue
+// slots over 4 schedulers or shared-memory wavefronts, whichever binds. From the v5 SASS: ~68
+// instructions per block row (loads, scale decode, nibbles) and 6 + 26 RL per token (activation
+// loads, dp4a, scaling); weights cost 9 wavefronts per row, activations 6 loads per token whose
+// wavefronts grow as fewer groups share a block (G = 1: 4, G = 2: 2, G >= 4: 1).
+double step_cost(int row_groups, int ntok, int rl) {
+  const double issue = (rl * 68.0 + ntok * (6.0 + rl * 26.0)) / 4;
+  const int act_wavefronts = row_groups >= 4 ? 1 : 4 / row_groups;
+  const double smem = rl * 9.0 + ntok * 6.0 * act_wavefronts;
+  return std::max(issue, smem);
+}
+
+// Row groups G: the G whose busiest SM has the least work (rounds x blocks on it x steps per
+// tile x step cost). Ties go to the larger G (fewer prologues, shared activation reads), except
+// for long rows (>= 32 blocks), where more tiles keep two blocks per SM streaming (H200 sweep,
+// bench/RESULTS.md v5: 4096 x 14336 runs 17.8 us at G = 2, 20.6 at G = 4).
+void plan(GemvTileParams& p, int ntok, int nmat, int sms) {
+  const int rl = gemv::rows_per_group(ntok, nmat);
+  double best_cost = -1;
+  GemvTileParams best = p;
+  for (int groups : {1, 2, 4, 8}) {
+    GemvTileParams q = p;
+    q.row_groups = groups;
+    q.rows_per_warp = groups * rl;
+    q.stage_blocks = gemv::stage_blocks_for(groups, rl);
+    const int per_sm = plan_memory(q, ntok, nmat);
+    const std::int64_t tiles = gemv::num_tiles(q);
+    const std::int64_t grid = std::min<std::int64_t>(tiles, std::int64_t(per_sm) * sms);
+    const int slices = 8 / groups;
+    const double cost = double((tiles + grid - 1) / grid * ((grid + sms - 1) / sms) * ((p.k_blocks + slices - 1) / slices)) *
+                        step_cost(groups, ntok, rl);
+    const bool tie = best_cost >= 0 && std::fabs(cost - best_cost) <= 1e-9 * cost;
+    if (best_cost < 0 || (!tie && cost < best_cost) || (tie && p.k_blocks < 32)) best_cost = cost, best = q;
+  }
+  p = best;
 }
 
 Status launch_gemv(GemvTileParams p, int nmat, cudaStream_t stream, GemvLaunch options) {
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   const int sms = detail::sm_count();
-  // Gate/up pairs already reuse each activation read for two rows; four row pairs would spill.
-  p.rows_per_warp = nmat == 2 ? 1 : choose_rows_per_warp(p.n, p.batch, sms);
   return dispatch_tokens(p.batch, [&](auto ntok) -> Status {
     constexpr int kTok = decltype(ntok)::value;
-    p.chunk_blocks = int(std::min<std::size_t>(p.k_blocks, kActivationBudget / (kTok * gemv::kActBlockBytes)));
-    const std::size_t smem = gemv::smem_bytes(kTok, p.chunk_blocks);
-    auto kernel = nmat == 2 ? gemv_kernel<kTok, 2, 1> : p.rows_per_warp == 4 ? gemv_kernel<kTok, 1, 4> : gemv_kernel<kTok, 1, 1>;
+    plan(p, kTok, nmat, sms);
+    const std::size_t smem = smem_bytes(p, kTok, nmat);
+    ENCORE_REQUIRE(smem <= kSmemOnePerSm, StatusCode::kUnsupported, "q4k gemv: no shared-memory plan fits (", smem, " bytes)");
+    auto kernel = nmat == 2 ? gemv_kernel<kTok, 2> : gemv_kernel<kTok, 1>;
     if (smem > 48 * 1024)
       ENCORE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     int per_sm = 0;

@@ -1,22 +1,28 @@
-// Device body of the Q4_K GEMV family: one tile = 8 warps x R output rows (R = 1 or 4) of one or
-// two matrices (gate/up share the activations) for all tokens of the step.
+// Device body of the Q4_K GEMV family: one tile = 8 warps x W output rows of one or two matrices
+// (gate/up share the activations) for all tokens of the step.
 //
-// Work split inside a warp: 4 groups of 8 lanes split K round robin (group g takes blocks g, g+4,
-// ...) for all R rows of the warp; lane c of a group always reads qs chunk c, so a group streams
-// whole 144-byte blocks, and each lane's activations (one shared-memory read per block and token)
-// serve R rows. Row sums are fixed-order shuffle butterflies: the result does not depend on the
-// grid, the tile order or the block that runs the tile.
+// Weights (v5): each warp streams its W rows through its own ring of `stages` shared-memory
+// buffers, one bulk copy per (matrix, row) and stage of `stage_blocks` K blocks, completion on one
+// mbarrier per buffer. The ring runs ahead across the tiles a block executes (WeightPipe), so the
+// first stages of the next tile are in flight while this one computes; bytes in flight cost no
+// registers. The copies of a block's first stages are issued before the PDL wait.
+//
+// Math: the 8 four-lane groups of a warp are G row groups x (8 / G) K slices; group g owns the
+// RL = W / G rows g % G + G * i (i < RL) and the stage's blocks g / G, g / G + 8 / G, ... Lane p
+// of a group reads 64 weights per block and row (q4k_stream.cuh): one scale/min decode per 64
+// weights, each activation load serves RL rows (RL > 1 for several tokens).
+// Row sums are fixed-order shuffle butterflies: the result never depends on the grid or the block
+// that runs a tile.
 //
 // Activations are quantised to int8 (activation_q8.cuh) into shared memory, `chunk_blocks` K
 // blocks at a time; when one chunk holds all of K, a block that runs several tiles keeps them.
-// A round's weight loads are issued before the activation prologue, so the two latencies overlap.
 #pragma once
 
 #include <cstdint>
 
 #include "common/launch.cuh"
 #include "gemv/activation_q8.cuh"
-#include "gemv/q4k_dot.cuh"
+#include "gemv/q4k_stream.cuh"
 
 namespace encore::gemv {
 
@@ -42,36 +48,139 @@ struct GemvTileParams {
   std::int64_t n;             // rows
   int k_blocks;               // k / 256
   int batch;                  // active tokens (<= NTOK of the instantiation)
-  int rows_per_warp;          // R: 1 or 4 (the kernel instantiation must match)
-  int chunk_blocks;           // K blocks quantised per shared-memory pass
+  int rows_per_warp;          // W = row_groups * RL (RL = rows_per_group of the instantiation)
+  int row_groups;             // G: 1, 2, 4 or 8 (8 / G groups split K)
+  int stage_blocks;           // K blocks per pipeline stage: stage_blocks_for(G, RL)
+  int stages;                 // ring depth per warp, 2..kMaxStages
+  int chunk_blocks;           // K blocks quantised per shared-memory pass (k_blocks, or a multiple of stage_blocks)
 };
 
 inline constexpr int kMaxTokens = 16;
+inline constexpr int kMaxStages = 4;
+inline constexpr int kStageRowBlocks = 2;  // (row, block) items per group and stage
+// Bytes between two tokens' / blocks' activations: 16 more than a block, so the two groups of a
+// quarter warp that read neighbouring blocks (G = 1) hit different banks.
+inline constexpr int kActStride = kActBlockBytes + 16;
 
 __host__ __device__ constexpr int rows_per_tile(int rows_per_warp) { return kWarpsPerBlock * rows_per_warp; }
 __host__ __device__ inline std::int64_t num_tiles(const GemvTileParams& p) {
   return (p.n + rows_per_tile(p.rows_per_warp) - 1) / rows_per_tile(p.rows_per_warp);
 }
-// Shared memory: activations [ntok][chunk_blocks] | sum(x^2) per (token, block) | running sum
-// per token | 1/rms per token.
-__host__ __device__ constexpr std::size_t smem_bytes(int ntok, int chunk_blocks) {
-  return std::size_t(ntok) * chunk_blocks * (kActBlockBytes + sizeof(float)) + 2 * kMaxTokens * sizeof(float);
+// Rows per group: the activations of one load serve this many rows (several tokens re-read them).
+__host__ __device__ constexpr int rows_per_group(int ntok, int nmat) {
+  return ntok >= 8 ? 4 / nmat : ntok >= 4 ? (nmat == 1 ? 2 : 1) : 1;
+}
+__host__ __device__ constexpr int stage_blocks_for(int row_groups, int rows_per_group) {
+  return (kStageRowBlocks / rows_per_group > 0 ? kStageRowBlocks / rows_per_group : 1) * 8 / row_groups;
+}
+// Row pitch inside a stage buffer: an odd number of 16-byte units, so the two groups of a quarter
+// warp (neighbouring rows, same block) read different banks.
+__host__ __device__ constexpr int stage_pitch(int stage_blocks) {
+  return stage_blocks * q4k::kBlockBytes + (stage_blocks % 2 == 0 ? 16 : 0);
+}
+__host__ __device__ constexpr int stage_bytes(int nmat, int rows_per_warp, int stage_blocks) {
+  return nmat * rows_per_warp * stage_pitch(stage_blocks);
 }
 
+// Shared memory of a block: barriers [warps][kMaxStages] | weight rings [warps][stages][stage]
+// | activations [ntok][chunk_blocks] | sum(x^2) per (token, block) | running sum per token | 1/rms.
 struct GemvSmem {
-  char* act;         // [ntok][chunk_blocks][kActBlockBytes]
-  float* block_ss;   // [ntok][chunk_blocks]
-  float* total_ss;   // [kMaxTokens]
-  float* inv_rms;    // [kMaxTokens]
-  __device__ GemvSmem(char* base, int ntok, int chunk_blocks)
-      : act(base),
-        block_ss(reinterpret_cast<float*>(base + std::size_t(ntok) * chunk_blocks * kActBlockBytes)),
-        total_ss(block_ss + ntok * chunk_blocks),
-        inv_rms(total_ss + kMaxTokens) {}
-  __device__ const char* act_block(int token, int chunk_blocks, int j) const {
-    return act + (std::size_t(token) * chunk_blocks + j) * kActBlockBytes;
+  std::uint64_t* bars;
+  char* ring;
+  char* act;
+  float* block_ss;
+  float* total_ss;
+  float* inv_rms;
+  int chunk_blocks, ring_bytes_per_warp, stage_size;
+
+  __host__ __device__ GemvSmem(char* base, const GemvTileParams& p, int ntok, int nmat) {
+    device::SmemAllocator a(base);
+    bars = a.take<std::uint64_t>(kWarpsPerBlock * kMaxStages);
+    stage_size = stage_bytes(nmat, p.rows_per_warp, p.stage_blocks);
+    ring_bytes_per_warp = p.stages * stage_size;
+    ring = a.take<char>(std::size_t(kWarpsPerBlock) * ring_bytes_per_warp);
+    chunk_blocks = p.chunk_blocks;
+    act = a.take<char>(std::size_t(ntok) * chunk_blocks * kActStride);
+    block_ss = a.take<float>(std::size_t(ntok) * chunk_blocks);
+    total_ss = a.take<float>(kMaxTokens);
+    inv_rms = a.take<float>(kMaxTokens);
+    bytes = a.used();
   }
+  std::size_t bytes;
+  __device__ char* act_block(int token, int j) const { return act + (std::size_t(token) * chunk_blocks + j) * kActStride; }
 };
+
+// The per-warp weight ring. The producer cursor walks the same (tile, stage) sequence the block
+// computes: tiles first_tile, first_tile + tile_stride, ... and ceil(k_blocks / stage_blocks)
+// stages per tile. Values are warp-uniform.
+struct WeightPipe {
+  std::uint64_t* bars;
+  char* ring;
+  int stage_size;
+  std::uint32_t consumed = 0, issued = 0;
+  std::int64_t next_tile, tile_stride, tiles;
+  int next_stage = 0;
+};
+
+// The state a block carries from one tile to the next.
+struct TileState {
+  WeightPipe pipe;
+  bool act_cached = false;  // the activations of the previous tile are still in shared memory
+};
+
+namespace detail {
+
+// Copies the producer's next stage into its ring buffer (nothing once the block's tiles are done).
+template <int NMAT>
+__device__ __forceinline__ void issue_stage(const GemvTileParams& p, WeightPipe& pipe, std::uint64_t policy) {
+  if (pipe.next_tile >= pipe.tiles) return;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, R = p.rows_per_warp;
+  const std::uint32_t slot = pipe.issued % std::uint32_t(p.stages);
+  const int kb0 = pipe.next_stage * p.stage_blocks;
+  const int nb = min(p.stage_blocks, p.k_blocks - kb0);
+  const std::int64_t row0 = pipe.next_tile * rows_per_tile(R) + warp * R;
+  const std::int64_t left = p.n - row0;
+  const int valid = left <= 0 ? 0 : left < R ? int(left) : R;
+  const std::uint32_t bytes = std::uint32_t(nb) * q4k::kBlockBytes;
+  if (lane == 0) stream::barrier_arrive_expect(&pipe.bars[slot], std::uint32_t(NMAT * valid) * bytes);
+  for (int c = lane; c < NMAT * R; c += 32) {
+    const int m = c / R, r = c % R;
+    if (r < valid)
+      stream::bulk_copy_to_shared(pipe.ring + slot * pipe.stage_size + c * stage_pitch(p.stage_blocks),
+                                  p.mat[m] + (row0 + r) * p.row_bytes + std::int64_t(kb0) * q4k::kBlockBytes, bytes,
+                                  &pipe.bars[slot], policy);
+  }
+  ++pipe.issued;
+  if (++pipe.next_stage * p.stage_blocks >= p.k_blocks) {
+    pipe.next_stage = 0;
+    pipe.next_tile += pipe.tile_stride;
+  }
+}
+
+}  // namespace detail
+
+// Sets up the calling warp's ring (barriers, first `stages` copies) for tiles first_tile,
+// first_tile + tile_stride, ... < tiles. Reads only weights: may run before the PDL wait.
+template <int NMAT>
+__device__ WeightPipe start_weight_pipe(const GemvTileParams& p, const GemvSmem& s, std::int64_t first_tile,
+                                        std::int64_t tile_stride) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  WeightPipe pipe;
+  pipe.bars = s.bars + warp * kMaxStages;
+  pipe.ring = s.ring + std::size_t(warp) * s.ring_bytes_per_warp;
+  pipe.stage_size = s.stage_size;
+  pipe.next_tile = first_tile;
+  pipe.tile_stride = tile_stride;
+  pipe.tiles = num_tiles(p);
+  if (lane == 0) {
+    for (int i = 0; i < p.stages; ++i) stream::barrier_init(&pipe.bars[i], 1);
+    stream::fence_barrier_init();
+  }
+  __syncwarp();
+  const std::uint64_t policy = q4k::device::evict_first_policy();
+  for (int i = 0; i < p.stages; ++i) detail::issue_stage<NMAT>(p, pipe, policy);
+  return pipe;
+}
 
 namespace detail {
 
@@ -110,68 +219,59 @@ __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0,
         v[u][0] *= ga.x, v[u][1] *= ga.y, v[u][2] *= ga.z, v[u][3] *= ga.w;
         v[u][4] *= gb.x, v[u][5] *= gb.y, v[u][6] *= gb.z, v[u][7] *= gb.w;
       }
-      quantize_act_block(v[u], const_cast<char*>(s.act_block(t, p.chunk_blocks, j)));
+      quantize_act_block(v[u], s.act_block(t, j));
     }
   }
 }
 
-// After a chunk's prologue (and a barrier): fold its per-block sums into each token's total, in
-// block order. After the last chunk: 1/rms per token.
+// After a chunk's prologue (and a barrier): fold its per-block sums into each token's total (a
+// warp per token: lane-strided partial sums, then a fixed butterfly). After the last chunk: 1/rms.
 __device__ __forceinline__ void accumulate_rms(const GemvTileParams& p, int kb0, int nbc, const GemvSmem& s) {
-  const int t = threadIdx.x;
-  if (t >= p.batch) return;
-  float total = kb0 == 0 ? 0.f : s.total_ss[t];
-  for (int j = 0; j < nbc; ++j) total += s.block_ss[t * p.chunk_blocks + j];
-  s.total_ss[t] = total;
-  if (kb0 + nbc == p.k_blocks) s.inv_rms[t] = rsqrtf(total / float(p.k_blocks * 256) + p.eps);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int t = warp; t < p.batch; t += kWarpsPerBlock) {
+    float part = 0.f;
+    for (int j = lane; j < nbc; j += 32) part += s.block_ss[t * p.chunk_blocks + j];
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) part += __shfl_xor_sync(0xFFFFFFFFu, part, offset);
+    if (lane == 0) {
+      const float total = (kb0 == 0 ? 0.f : s.total_ss[t]) + part;
+      s.total_ss[t] = total;
+      if (kb0 + nbc == p.k_blocks) s.inv_rms[t] = rsqrtf(total / float(p.k_blocks * 256) + p.eps);
+    }
+  }
 }
 
 }  // namespace detail
 
-// Runs one tile. `act_cached` persists across the tiles a block runs: when all of K fits in one
-// chunk, the activations (and 1/rms) quantised for the first tile serve the rest.
-template <int NTOK, int NMAT, int R>
-__device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, char* smem, bool& act_cached) {
-  // Lane items per round: (block, row) pairs, block-major so one activation read feeds R rows.
-  // Few enough that the single-token bodies fit two blocks per SM (the L2 lookahead, not the
-  // registers, keeps the bytes in flight).
-  constexpr int kItems = (NTOK * R * NMAT >= 32 || (NTOK == 1 && R == 4)) ? 4 : 8;
-  constexpr int kBlocksPerRound = kItems / R;
-  static_assert(kItems % R == 0, "a round covers whole blocks");
-  const GemvSmem s(smem, NTOK, p.chunk_blocks);
-
+// Runs one tile: the calling block's TileState must have been started for the sequence of tiles
+// it runs, in that order. RL must equal p.rows_per_warp / p.row_groups.
+template <int NTOK, int NMAT, int RL>
+__device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, const GemvSmem& s, TileState& state) {
+  WeightPipe& pipe = state.pipe;
+  const int G = p.row_groups, slices = 8 / G, W = p.rows_per_warp;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int chunk = lane % 8, group = lane / 8;
-  const std::int64_t row0 = tile * rows_per_tile(R) + warp * R;
+  const int group = lane / 4, quad = lane % 4;
+  const int my_g = group % G, slice = group / G;
+  const std::int64_t row0 = tile * rows_per_tile(W) + warp * W;
   const bool single_chunk = p.chunk_blocks >= p.k_blocks;
-  const bool quantize = !(single_chunk && act_cached);
+  const bool quantize = !(single_chunk && state.act_cached);
+  const int pitch = stage_pitch(p.stage_blocks);
+  const std::uint64_t policy = q4k::device::evict_first_policy();
+  const stream::PairUnpack unpack = stream::pair_unpack(quad);
+  // Rows of this group that exist: i < live (rows my_g + G * i, i < RL).
+  const std::int64_t left = p.n - row0 - my_g;
+  const int live = left <= 0 ? 0 : left >= std::int64_t(G) * (RL - 1) + 1 ? RL : int((left + G - 1) / G);
 
-  float acc[NMAT][R][NTOK];
+  float acc[NMAT][RL][NTOK];
 #pragma unroll
   for (int m = 0; m < NMAT; ++m)
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+    for (int i = 0; i < RL; ++i)
 #pragma unroll
-      for (int t = 0; t < NTOK; ++t) acc[m][r][t] = 0.f;
+      for (int t = 0; t < NTOK; ++t) acc[m][i][t] = 0.f;
 
-  LaneBlock w[kItems][NMAT];
   for (int kb0 = 0; kb0 < p.k_blocks; kb0 += p.chunk_blocks) {
     const int nbc = min(p.chunk_blocks, p.k_blocks - kb0);
-    const int my_blocks = nbc > group ? (nbc - group + 3) / 4 : 0;  // blocks group, group+4, ...
-    const int rounds = (my_blocks + kBlocksPerRound - 1) / kBlocksPerRound;
-    auto load_round = [&](int round) {
-#pragma unroll
-      for (int u = 0; u < kItems; ++u) {
-        const int jj = round * kBlocksPerRound + u / R;
-        const std::int64_t row = row0 + u % R;
-        if (jj < my_blocks && row < p.n) {
-          const std::int64_t offset = row * p.row_bytes + std::int64_t(kb0 + group + 4 * jj) * q4k::kBlockBytes;
-#pragma unroll
-          for (int m = 0; m < NMAT; ++m) w[u][m] = load_lane_block(p.mat[m] + offset, chunk);
-        }
-      }
-    };
-    if (rounds > 0) load_round(0);  // in flight while the activations are prepared
     if (quantize) {
       __syncthreads();  // the previous chunk's readers are done
       detail::quantize_chunk(p, kb0, nbc, s);
@@ -181,61 +281,69 @@ __device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, char* smem
         __syncthreads();
       }
     }
-    for (int round = 0; round < rounds; ++round) {
-      if (round > 0) load_round(round);
+    for (int ks0 = kb0; ks0 < kb0 + nbc; ks0 += p.stage_blocks) {
+      const int nb = min(p.stage_blocks, p.k_blocks - ks0);
+      const std::uint32_t slot = pipe.consumed % std::uint32_t(p.stages);
+      stream::barrier_wait(&pipe.bars[slot], (pipe.consumed / std::uint32_t(p.stages)) & 1u);
+      const char* stage = pipe.ring + slot * pipe.stage_size + my_g * pitch;
+#pragma unroll(RL == 1 ? 2 : 1)
+      for (int jl = slice; jl < nb; jl += slices) {
+        if (live == 0) break;
+        stream::QuadWeights w[NMAT][RL];
 #pragma unroll
-      for (int b = 0; b < kBlocksPerRound; ++b) {
-        const int jj = round * kBlocksPerRound + b;
-        if (jj >= my_blocks) break;
-        const int j = group + 4 * jj;
-        LaneWeights lw[R][NMAT];
+        for (int m = 0; m < NMAT; ++m)
 #pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-          for (int m = 0; m < NMAT; ++m) lw[r][m] = decode_lane_block(w[b * R + r][m], chunk);
+          for (int i = 0; i < RL; ++i)
+            if (i < live) w[m][i] = stream::decode_quad(stage + (m * W + G * i) * pitch + jl * q4k::kBlockBytes, quad, unpack);
 #pragma unroll
         for (int t = 0; t < NTOK; ++t) {
           if (t >= p.batch) break;
-          const LaneActivations a = load_lane_activations(act_block(s.act_block(t, p.chunk_blocks, j)), chunk);
+          const stream::QuadActivations a = stream::load_quad_activations(s.act_block(t, ks0 - kb0 + jl), quad);
 #pragma unroll
-          for (int r = 0; r < R; ++r)
+          for (int m = 0; m < NMAT; ++m)
 #pragma unroll
-            for (int m = 0; m < NMAT; ++m) acc[m][r][t] += lane_block_dot(lw[r][m], a);
+            for (int i = 0; i < RL; ++i)
+              if (i < live) acc[m][i][t] += stream::quad_dot(w[m][i], a);
         }
       }
+      __syncwarp();  // every lane is done with the buffer before it is refilled
+      ++pipe.consumed;
+      detail::issue_stage<NMAT>(p, pipe, policy);
     }
   }
-  act_cached = single_chunk;
+  state.act_cached = single_chunk;
 
-  // Row sums: the 8 lanes of a group, then the 4 groups (fixed butterfly order).
+  // Row sums: the 4 lanes of a group, then the 8 / G groups of the row (fixed butterfly order).
 #pragma unroll
   for (int m = 0; m < NMAT; ++m)
 #pragma unroll
-    for (int r = 0; r < R; ++r)
+    for (int i = 0; i < RL; ++i)
 #pragma unroll
       for (int t = 0; t < NTOK; ++t) {
-        float v = acc[m][r][t];
-#pragma unroll
-        for (int offset = 1; offset < 32; offset <<= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
-        acc[m][r][t] = v;
+        float v = acc[m][i][t];
+        v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+        v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+        for (int offset = 4 * G; offset < 32; offset <<= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
+        acc[m][i][t] = v;
       }
 
-  // Lane c of group r stores row r for tokens t = c, c + 8 (spreads the stores).
+  // The 32 / G lanes of a row store its tokens round robin.
+  const int lanes_per_row = 32 / G, my_index = slice * 4 + quad;
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const std::int64_t row = row0 + r;
-    if (group != r % 4 || row >= p.n) continue;
+  for (int i = 0; i < RL; ++i) {
+    if (i >= live) break;
+    const std::int64_t row = row0 + my_g + G * i;
 #pragma unroll
     for (int t = 0; t < NTOK; ++t) {
       if (t >= p.batch) break;
-      if (t % 8 != chunk) continue;
+      if (t % lanes_per_row != my_index) continue;
       const float scale = p.gamma ? s.inv_rms[t] : 1.f;
       const std::int64_t at = t * p.out_stride + row;
-      const float g = acc[0][r][t] * scale;
+      const float g = acc[0][i][t] * scale;
       if (p.epilogue == Epilogue::kStore) {
         p.out[0][at] = p.residual ? g + p.residual[at] : g;
       } else {
-        const float u = acc[NMAT - 1][r][t] * scale;
+        const float u = acc[NMAT - 1][i][t] * scale;
         if (p.epilogue == Epilogue::kSiluMul) {
           p.out[0][at] = g / (1.f + expf(-g)) * u;
         } else {

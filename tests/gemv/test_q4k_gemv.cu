@@ -6,8 +6,8 @@
 //     1e-5 x the row's magnitude (fp32 accumulation): any indexing, nibble or scale mistake
 //     breaks it by orders of magnitude;
 //   * with >= 512 outputs, relative L2 vs ref::<op> <= 3e-2 (int8 activations; 0.5-1% measured
-//     on Gaussian data at K >= 2304, up to 2.2% at K = 256 where a row is one block and the
-//     rounding errors do not average), 4.5e-2 for silu(gate)*up (two such errors).
+//     on Gaussian data at K >= 2304), 4.5e-2 for silu(gate)*up (two such errors); twice that at
+//     K = 256, where a row is one block and the rounding errors do not average (exact_bound).
 // Relative L2 over a handful of outputs says little (one output near zero dominates), hence the
 // per-element bounds.
 #include <encore/ops/q4k_gemv.h>
@@ -24,6 +24,15 @@ namespace {
 
 constexpr double kExactBound = 3e-2;
 constexpr double kExactProductBound = 4.5e-2;
+// At K = 256 every row sees the same 256 activations, so the rows' int8 errors share one draw and
+// do not average: over 400 CPU draws (ref::q4k_gemv_int8 vs ref::q4k_gemv, N = 4096) the relative
+// L2 reached 3.2% (silu*up 4.5%), an H200 run 3.4% (4.9%) with the per-element checks passing.
+constexpr double kOneBlockBound = 6e-2;
+constexpr double kOneBlockProductBound = 9e-2;
+double exact_bound(std::int64_t k, bool product = false) {
+  if (k == 256) return product ? kOneBlockProductBound : kOneBlockBound;
+  return product ? kExactProductBound : kExactBound;
+}
 constexpr double kAccumulation = 1e-5;
 constexpr std::size_t kMinOutputsForNorm = 512;
 
@@ -162,7 +171,7 @@ void check_gemv(const Problem& p, const std::vector<float>& y, const std::vector
   }
   expect_within(y, vs_exact, "vs exact reference");
   expect_within(y, vs_mimic, "vs int8 mimic");
-  if (y.size() >= kMinOutputsForNorm) EXPECT_LT(test::rel_l2(y, exact), kExactBound);
+  if (y.size() >= kMinOutputsForNorm) EXPECT_LT(test::rel_l2(y, exact), exact_bound(c.k));
 }
 
 class Q4kGemvTest : public testing::TestWithParam<Case> {};
@@ -266,7 +275,7 @@ TEST_P(GateUpQ4kGemvTest, MatchesReference) {
       expect_within(h, vs_exact, "vs exact reference");
       expect_within(h, vs_mimic, "vs int8 mimic");
       if (raw) expect_within(p.dy2.download(), up_exact, "up vs exact reference");
-      if (count >= kMinOutputsForNorm) EXPECT_LT(test::rel_l2(h, expected), raw ? kExactBound : kExactProductBound);
+      if (count >= kMinOutputsForNorm) EXPECT_LT(test::rel_l2(h, expected), exact_bound(c.k, !raw));
     }
 }
 
