@@ -4,17 +4,18 @@
 // Rows: attention (split-KV + combine), split-KV alone (the combine's share is the difference),
 // and the scheduler alone (run once per step, shared by the 7 MLA layers).
 //
-// Measured 2026-12-02 on one H200 (132 SMs, measured read 4421 GB/s), mma.sync design (32 rows x
-// 64-token pages, 2 cp.async stages), us per call:
-//   B x S        attention  GB/s  %read  split-KV only  combine share  scheduler  FlashMLA sm90
-//   1 x 4K         14.3      329    7.4       9.2           36%           2.0        23.6
-//   1 x 32K        30.7     1232   27.9      23.2           24%           2.4        45.0
-//   1 x 128K       73.3     2060   46.6      66.2           10%           2.4        75.7
-//   64 x 4K       138.8     2176   49.2     126.7            9%          26.2        97
-//   128 x 8K      456.8     2644   59.8     451.2            1%          32.8       319
-// The split-KV tile is bound by its per-page critical path (~3.5 us per 64-token page per SM:
-// scores -> softmax -> P V in sequence, one CTA per SM), not by HBM; the next steps are warpgroup
-// ping-pong (scores of page i+1 during P V of page i) or wgmma, as FlashMLA does.
+// Measured 2026-12-02 on one H200 (132 SMs, measured read 4457-4472 GB/s), us per call (median):
+// split-KV with Q^T in registers (each K element read once from shared memory), 2 cp.async
+// stages of whole pages; parallel tape scheduler.
+//   B x S      attention  %read  split-KV only  combine share  scheduler  FlashMLA sm90
+//   1 x 4K       16.2       6.5      10.7            34%           2.3        23.6
+//   1 x 32K      31.8      26.6      22.0            31%           2.6        45.0
+//   1 x 128K     67.5      50.0      57.7            15%           2.6        75.7
+//   64 x 4K     121.5      55.6     108.5            11%           3.1        97
+//   128 x 8K    411.0      65.7     391.9             5%           3.4       319
+// Account of the split-KV time at 128 x 8K: the loads alone 302.6 us (90% of read bandwidth), the
+// math alone 260.2 us, both 388.5 us: with two whole-page stages only one page is in flight while
+// a page is computed, so the two barely overlap. Bulk row copies (mbarrier) measured 576.7 us.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -26,6 +27,7 @@
 #include <encore/ops/mla.h>
 
 #include "bench_util.h"
+#include "mla/mla_splitkv_tile.cuh"
 
 namespace encore {
 namespace {
@@ -57,10 +59,36 @@ __global__ void fill_bf16(__nv_bfloat16* p, std::size_t n, std::uint64_t seed) {
   }
 }
 
-enum Mode { kAttention = 0, kSplitKvOnly = 1, kSchedOnly = 2 };
+enum Mode { kAttention = 0, kSplitKvOnly = 1, kSchedOnly = 2, kBulkCopy = 3, kLoadsOnly = 4, kComputeOnly = 5 };
+
+// The split-KV kernel with another variant of the body (mla_splitkv_tile.cuh): for the account of
+// the time only (loads-only and compute-only give meaningless outputs).
+template <mla::SplitKvVariant V>
+__global__ void __launch_bounds__(kBlockThreads, 1) splitkv_variant_kernel(const __grid_constant__ MlaAttentionParams p) {
+  extern __shared__ __align__(128) char smem[];
+  for (int tile = blockIdx.x; tile < p.num_parts * mla::head_groups(p.num_heads); tile += gridDim.x) {
+    mla::mla_splitkv_tile<V>(p, tile, smem);
+    __syncthreads();
+  }
+}
+
+template <mla::SplitKvVariant V>
+void launch_variant(const MlaAttentionParams& p, cudaStream_t st) {
+  const std::size_t smem = mla::mla_splitkv_smem_bytes();
+  splitkv_variant_kernel<V><<<mla_splitkv_num_tiles(p), kBlockThreads, smem, st>>>(p);
+  BENCH_CUDA(cudaGetLastError());
+}
+
+void set_variant_smem() {
+  const int smem = int(mla::mla_splitkv_smem_bytes());
+  BENCH_CUDA(cudaFuncSetAttribute(splitkv_variant_kernel<mla::SplitKvVariant::kBulk>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  BENCH_CUDA(cudaFuncSetAttribute(splitkv_variant_kernel<mla::SplitKvVariant::kLoadsOnly>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  BENCH_CUDA(cudaFuncSetAttribute(splitkv_variant_kernel<mla::SplitKvVariant::kComputeOnly>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+}
 
 void BM_MlaDecode(benchmark::State& state) {
   const int batch = int(state.range(0)), len = int(state.range(1)), mode = int(state.range(2));
+  const int parts_arg = int(state.range(3));  // 0: mla_num_parts (one part per SM)
   const int heads = 32;
   const int pages_per_seq = (len + kMlaPageTokens - 1) / kMlaPageTokens;
   const std::size_t pages = std::size_t(batch) * pages_per_seq;
@@ -81,7 +109,7 @@ void BM_MlaDecode(benchmark::State& state) {
   BENCH_CUDA(cudaMemcpy(d_lens.ptr, lens.data(), batch * 4, cudaMemcpyHostToDevice));
   BENCH_CUDA(cudaMemcpy(d_pos.ptr, pos.data(), batch * 4, cudaMemcpyHostToDevice));
 
-  const int parts = mla_num_parts(heads);
+  const int parts = parts_arg > 0 ? parts_arg : mla_num_parts(heads);
   DeviceMemory q576(std::size_t(batch) * heads * kMlaRowDim * 2), meta(std::size_t(parts) * kMlaMetaInts * 4),
       splits((batch + 1) * 4), flag(4), o_lat(std::size_t(batch) * heads * kMlaLatentDim * 4), lse(std::size_t(batch) * heads * 4),
       part_o(std::size_t(batch + parts) * heads * kMlaLatentDim * 4), part_lse(std::size_t(batch + parts) * heads * 4);
@@ -120,24 +148,36 @@ void BM_MlaDecode(benchmark::State& state) {
   ap.partial_o = part_o.as<float>();
   ap.partial_lse = part_lse.as<float>();
 
+  set_variant_smem();
   time_graph(state, [&](int i, cudaStream_t st) {
     MlaAttentionParams p = ap;
     p.cache = cache;
     p.cache.pages = pool.as<__nv_bfloat16>() + (cache_bytes / 2) * (i % copies);
     if (mode == kAttention) check(mla_attention(p, st));
     else if (mode == kSplitKvOnly) check(mla_splitkv(p, st));
-    else check(mla_sched(sp, st));
+    else if (mode == kSchedOnly) check(mla_sched(sp, st));
+    else if (mode == kBulkCopy) launch_variant<mla::SplitKvVariant::kBulk>(p, st);
+    else if (mode == kLoadsOnly) launch_variant<mla::SplitKvVariant::kLoadsOnly>(p, st);
+    else launch_variant<mla::SplitKvVariant::kComputeOnly>(p, st);
   }, std::max(copies, 8), mode == kSchedOnly ? 0.0 : bytes);
   state.counters["splits"] = ns[batch];
   state.counters["copies"] = copies;
-  state.SetLabel(mode == kAttention ? "splitkv+combine" : mode == kSplitKvOnly ? "splitkv only" : "scheduler only");
+  static const char* const labels[] = {"splitkv+combine", "splitkv only", "scheduler only", "splitkv bulk-copy variant",
+                                       "splitkv loads only (no math)", "splitkv math only (no loads)"};
+  state.SetLabel(labels[mode]);
 }
 
 void mla_shapes(benchmark::internal::Benchmark* b) {
   for (int mode : {kAttention, kSplitKvOnly, kSchedOnly})
-    for (auto [batch, len] : {std::pair{1, 4096}, {1, 32768}, {1, 131072}, {64, 4096}, {128, 8192}}) b->Args({batch, len, mode});
+    for (auto [batch, len] : {std::pair{1, 4096}, {1, 32768}, {1, 131072}, {64, 4096}, {128, 8192}}) b->Args({batch, len, mode, 0});
+  // Fewer parts at batch 1: fewer, longer splits (less partial traffic and combine work, fewer SMs).
+  for (int parts : {66, 33})
+    for (int len : {4096, 32768}) b->Args({1, len, kAttention, parts});
+  // Account of the split-KV time: copy variant, loads alone, math alone.
+  for (int mode : {kBulkCopy, kLoadsOnly, kComputeOnly})
+    for (auto [batch, len] : {std::pair{1, 4096}, {1, 131072}, {128, 8192}}) b->Args({batch, len, mode, 0});
 }
-BENCHMARK(BM_MlaDecode)->Apply(mla_shapes)->ArgNames({"B", "S", "mode"})->UseManualTime();
+BENCHMARK(BM_MlaDecode)->Apply(mla_shapes)->ArgNames({"B", "S", "mode", "parts"})->UseManualTime();
 
 }  // namespace
 }  // namespace encore

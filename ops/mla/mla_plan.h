@@ -1,5 +1,17 @@
-// The split-KV plan of spec §7 as one host/device function, so the scheduler kernel and the CPU
-// copy in encore::ref run the same walk (deterministic integer logic, bit-identical results).
+// The split-KV plan (spec §7, in a parallel form): host/device helpers shared by the scheduler
+// kernel and the CPU reference, so both give bit-identical plans (deterministic integer logic).
+//
+// The "tape": request b occupies cost_b = C + pages_b consecutive units (C = fixed overhead, then
+// one unit per page); start_b is the exclusive prefix sum of the costs, total = start_N. With
+// unit U = ceil(total / P), part k owns every page whose tape position lies in [k U, (k+1) U).
+// Every page belongs to exactly one part, each part does at most U units of work (the overhead
+// units of a request it starts count against it), and a request has one split per part that owns
+// some of its pages (total splits <= N + P - 1: each cut is a distinct multiple of U). Unlike
+// FlashMLA's sequential greedy walk, each request's split count and each part's range follow in
+// closed form from the prefix sums, so the scheduler is one block-wide scan plus independent
+// per-part binary searches. A part whose units are all overhead has no work (begin_req = -1);
+// such parts may sit between parts with work. All tape arithmetic is 32-bit (the launcher checks
+// num_seqs * (max_pages_per_seq + C) < 2^31): 64-bit division is a slow software routine.
 #pragma once
 
 #include <cstdint>
@@ -21,12 +33,12 @@ enum MetaField : int {
   kMetaBeginPage = 2,     // first page of begin_req (inclusive)
   kMetaEndPage = 3,       // end page of end_req (exclusive)
   kMetaBeginSplit = 4,    // split index of begin_req that this part computes
-  kMetaFirstIsSplit = 5,
-  kMetaLastIsSplit = 6,
+  kMetaFirstIsSplit = 5,  // begin_req has more than one split
+  kMetaLastIsSplit = 6,   // end_req has more than one split
 };
 
 // Pages the scheduler charges a request: at least one, so zero-length (pad) requests still get a
-// block that writes their zero output. Lengths are clamped to the capacity (bad lengths are
+// part that writes their zero output. Lengths are clamped to the capacity (bad lengths are
 // flagged separately and then nothing downstream runs).
 ENCORE_MLA_HD inline int plan_pages(std::int32_t len, int capacity_tokens) {
   const int clamped = len < 0 ? 0 : (len > capacity_tokens ? capacity_tokens : len);
@@ -34,131 +46,59 @@ ENCORE_MLA_HD inline int plan_pages(std::int32_t len, int capacity_tokens) {
   return pages > 0 ? pages : 1;
 }
 
-// Walks the requests in order and fills meta [num_parts][8] and num_splits [num_seqs + 1].
-// `pages(b)` gives plan_pages of request b; total_cost = sum_b (pages(b) + C).
-template <class PagesOf>
-ENCORE_MLA_HD void plan_walk(int num_seqs, int num_parts, int fixed_overhead, long long total_cost,
-                             PagesOf pages, std::int32_t* meta, std::int32_t* num_splits) {
-  const int budget = int((total_cost + num_parts - 1) / num_parts) + fixed_overhead;
-  int req = 0, page = 0, split_in_req = 0, cumulative = 0;
-  num_splits[0] = 0;
-  for (int part = 0; part < num_parts; ++part) {
-    std::int32_t* m = meta + part * kMlaMetaInts;
-    if (req >= num_seqs) {
-      m[kMetaBeginReq] = -1;
-      for (int f = 1; f < kMlaMetaInts; ++f) m[f] = 0;
-      continue;
-    }
-    m[kMetaBeginReq] = req;
-    m[kMetaBeginPage] = page;
-    m[kMetaBeginSplit] = split_in_req;
-    int remain = budget;
-    bool cut = false;
-    while (req < num_seqs) {
-      const int left = pages(req) - page;
-      if (remain >= left + fixed_overhead) {  // the rest of the request fits: take it whole
-        remain -= left + fixed_overhead;
-        cumulative += split_in_req + 1;
-        num_splits[req + 1] = cumulative;
-        ++req;
-        page = 0;
-        split_in_req = 0;
-      } else {  // take what the budget allows (one more split) and close the part
-        if (remain - fixed_overhead > 0) {
-          page += remain - fixed_overhead;
-          ++split_in_req;
-          cut = true;
-        }
-        break;
-      }
-    }
-    m[kMetaEndReq] = cut ? req : req - 1;
-    m[kMetaEndPage] = cut ? page : pages(req - 1);
-    const bool single = m[kMetaEndReq] == m[kMetaBeginReq];
-    m[kMetaFirstIsSplit] = m[kMetaBeginPage] > 0 || (single && cut);
-    m[kMetaLastIsSplit] = cut || (single && m[kMetaBeginPage] > 0);
-    m[7] = 0;
-  }
-  // Unreachable when every part keeps its budget (each covers >= ceil(total/P)); kept so the
-  // prefix sums are always defined.
-  for (int r = req; r < num_seqs; ++r) num_splits[r + 1] = cumulative;
+// Tape units per part: U = ceil(total / P), at least 1.
+ENCORE_MLA_HD inline int plan_unit(int total, int num_parts) {
+  const int u = (total + num_parts - 1) / num_parts;
+  return u > 0 ? u : 1;
 }
 
+// Splits of a request whose tape segment starts at `start`: parts owning its pages.
+ENCORE_MLA_HD inline int plan_request_splits(int start, int pages, int fixed_overhead, int unit) {
+  const int first = start + fixed_overhead, last = first + pages - 1;
+  return int(last / unit - first / unit) + 1;
+}
 
-ENCORE_MLA_HD inline void plan_write_part(std::int32_t* meta, int part, int begin_req, int begin_page, int begin_split,
-                                          int end_req, int end_page, bool cut) {
-  std::int32_t* m = meta + part * kMlaMetaInts;
-  const bool single = end_req == begin_req;
-  m[kMetaBeginReq] = begin_req;
+// Largest b in [0, num_seqs) with start(b) <= pos (start(0) = 0 <= pos).
+template <class StartOf>
+ENCORE_MLA_HD int plan_find(int pos, int num_seqs, StartOf start) {
+  int lo = 0, hi = num_seqs;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (start(mid) <= pos) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+// Meta (8 int32) of part `part`. start(b) for b in [0, num_seqs] (start(num_seqs) = total).
+template <class StartOf>
+ENCORE_MLA_HD void plan_part(int part, int num_seqs, int fixed_overhead, int unit, StartOf start, std::int32_t* m) {
+  const int C = fixed_overhead;
+  const int total = start(num_seqs);
+  const int a = part * unit;
+  const int e = a + unit < total ? a + unit : total;
+  for (int f = 0; f < kMlaMetaInts; ++f) m[f] = 0;
+  m[kMetaBeginReq] = -1;
+  if (a >= total) return;
+  const int b = plan_find(a, num_seqs, start);
+  const int first_pos = a > start(b) + C ? a : start(b) + C;  // first page position >= a
+  if (first_pos >= e) return;  // only overhead units: no work
+  // Request of the last page position < e: e - 1 itself, or the request before its overhead.
+  int end_req = plan_find(e - 1, num_seqs, start);
+  int end_page = e - start(end_req) - C;
+  if (end_page <= 0) {
+    --end_req;
+    end_page = start(end_req + 1) - start(end_req) - C;
+  }
+  const int begin_page = int(first_pos - start(b) - C);
+  auto splits_of = [&](int r) { return plan_request_splits(start(r), int(start(r + 1) - start(r) - C), C, unit); };
+  m[kMetaBeginReq] = b;
   m[kMetaEndReq] = end_req;
   m[kMetaBeginPage] = begin_page;
-  m[kMetaEndPage] = end_page;
-  m[kMetaBeginSplit] = begin_split;
-  m[kMetaFirstIsSplit] = begin_page > 0 || (single && cut);
-  m[kMetaLastIsSplit] = cut || (single && begin_page > 0);
-  m[7] = 0;
-}
-
-// The same plan as plan_walk, in O(num_seqs) steps: the run of parts that each take a full
-// (budget - C) pages of one long request is computed in closed form, and its meta entries (like
-// the trailing empty parts) are written by `lanes` cooperating threads (lane = 0..lanes-1; every
-// lane runs the same control flow). Used by the scheduler kernel with one warp; the CPU tests
-// check it against plan_walk, and the GPU tests check the kernel against plan_walk.
-template <class PagesOf>
-ENCORE_MLA_HD void plan_walk_fast(int num_seqs, int num_parts, int fixed_overhead, long long total_cost, PagesOf pages,
-                                  std::int32_t* meta, std::int32_t* num_splits, int lane, int lanes) {
-  const int C = fixed_overhead;
-  const int budget = int((total_cost + num_parts - 1) / num_parts) + C;
-  const int full = budget - C;  // pages a fresh part takes from a request it cannot finish (>= 1)
-  int part = 0, remain = budget, cumulative = 0;
-  int begin_req = 0, begin_page = 0, begin_split = 0;  // of the open part
-  int completed = 0;
-  if (lane == 0) num_splits[0] = 0;
-  for (int req = 0; req < num_seqs && part < num_parts; ++req) {
-    const int n = pages(req);
-    int page = 0, split = 0;
-    while (true) {
-      if (remain >= n - page + C) {  // the rest fits the open part
-        remain -= n - page + C;
-        cumulative += split + 1;
-        if (lane == 0) num_splits[req + 1] = cumulative;
-        ++completed;
-        break;
-      }
-      // Close the open part: with a cut of this request, or (no room left) after the previous one.
-      const bool cut = remain - C > 0;
-      if (lane == 0) {
-        if (cut) plan_write_part(meta, part, begin_req, begin_page, begin_split, req, page + remain - C, true);
-        else plan_write_part(meta, part, begin_req, begin_page, begin_split, req - 1, pages(req - 1), false);
-      }
-      if (cut) {
-        page += remain - C;
-        ++split;
-      }
-      ++part;
-      remain = budget;
-      // Fresh parts that cannot finish the request: m of them take `full` pages each.
-      const int left = n - page;
-      const int m = left + C > budget ? (left + C - budget + full - 1) / full : 0;
-      for (int j = lane; j < m && part + j < num_parts; j += lanes)
-        plan_write_part(meta, part + j, req, page + j * full, split + j, req, page + (j + 1) * full, true);
-      page += m * full;
-      split += m;
-      part += m;
-      begin_req = req;
-      begin_page = page;
-      begin_split = split;
-      if (part >= num_parts) break;
-    }
-  }
-  if (part < num_parts) {  // close the last open part; the rest have no work
-    if (lane == 0) plan_write_part(meta, part, begin_req, begin_page, begin_split, num_seqs - 1, pages(num_seqs - 1), false);
-    for (int k = part + 1 + lane; k < num_parts; k += lanes) {
-      meta[k * kMlaMetaInts + kMetaBeginReq] = -1;
-      for (int f = 1; f < kMlaMetaInts; ++f) meta[k * kMlaMetaInts + f] = 0;
-    }
-  }
-  for (int r = completed + lane; r < num_seqs; r += lanes) num_splits[r + 1] = cumulative;  // unreachable, as in plan_walk
+  m[kMetaEndPage] = int(end_page);
+  m[kMetaBeginSplit] = begin_page > 0 ? int(part - (start(b) + C) / unit) : 0;
+  m[kMetaFirstIsSplit] = splits_of(b) > 1;
+  m[kMetaLastIsSplit] = splits_of(end_req) > 1;
 }
 
 }  // namespace encore::ops::mla

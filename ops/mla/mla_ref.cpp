@@ -12,16 +12,52 @@ namespace encore::ref {
 
 using namespace encore::ops;
 
+// Page by page (deliberately not the kernel's closed form): page j of request b sits at tape
+// position start_b + C + j and belongs to part position / U (mla_plan.h).
 MlaSchedule mla_sched(const std::vector<std::int32_t>& seq_lens, int num_parts, int fixed_overhead) {
   const int n = int(seq_lens.size());
   MlaSchedule s;
   s.meta.assign(std::size_t(num_parts) * kMlaMetaInts, 0);
   s.num_splits.assign(std::size_t(n) + 1, 0);
   const int no_cap = std::numeric_limits<int>::max() / 2;
+  std::vector<int> pages(n);
   long long total = 0;
-  for (int b = 0; b < n; ++b) total += mla::plan_pages(seq_lens[b], no_cap) + fixed_overhead;
-  mla::plan_walk(n, num_parts, fixed_overhead, total, [&](int b) { return mla::plan_pages(seq_lens[b], no_cap); },
-                 s.meta.data(), s.num_splits.data());
+  for (int b = 0; b < n; ++b) {
+    pages[b] = mla::plan_pages(seq_lens[b], no_cap);
+    total += pages[b] + fixed_overhead;
+  }
+  const int unit = mla::plan_unit(int(total), num_parts);  // the launcher keeps total < 2^31
+  struct Range { int begin_req = -1, begin_page = 0, begin_split = 0, end_req = 0, end_page = 0; };
+  std::vector<Range> parts(num_parts);
+  std::vector<int> splits(n, 0);
+  long long pos = 0;
+  for (int b = 0; b < n; ++b) {
+    pos += fixed_overhead;
+    int owner = -1;
+    for (int j = 0; j < pages[b]; ++j, ++pos) {
+      const int part = int(pos / unit);
+      if (part != owner) {  // a new split of b starts here
+        owner = part;
+        if (parts[part].begin_req < 0) parts[part] = {b, j, splits[b], b, j};
+        ++splits[b];
+      }
+      parts[part].end_req = b;
+      parts[part].end_page = j + 1;
+    }
+  }
+  for (int b = 0; b < n; ++b) s.num_splits[b + 1] = s.num_splits[b] + splits[b];
+  for (int k = 0; k < num_parts; ++k) {
+    std::int32_t* m = &s.meta[std::size_t(k) * kMlaMetaInts];
+    const Range& r = parts[k];
+    m[mla::kMetaBeginReq] = r.begin_req;
+    if (r.begin_req < 0) continue;
+    m[mla::kMetaEndReq] = r.end_req;
+    m[mla::kMetaBeginPage] = r.begin_page;
+    m[mla::kMetaEndPage] = r.end_page;
+    m[mla::kMetaBeginSplit] = r.begin_split;
+    m[mla::kMetaFirstIsSplit] = splits[r.begin_req] > 1;
+    m[mla::kMetaLastIsSplit] = splits[r.end_req] > 1;
+  }
   return s;
 }
 

@@ -1,11 +1,17 @@
 // Split-KV attention body (spec §8): one tile = (scheduler part, group of 32 query heads).
 // Per 64-token page: S = Q K^T and O += P V on tensor cores (mma.sync m16n8k16, bf16 in, fp32
 // accumulate), online softmax in base 2, P rounded to bf16. One page in shared memory serves K
-// (576 columns) and V (its first 512 columns). Pages stream through a 2-stage cp.async pipeline;
-// rows beyond the sequence length are zero-filled, never loaded.
+// (576 columns) and V (its first 512 columns). Pages stream through a 2-stage pipeline of 16-byte
+// cp.async copies; rows beyond the sequence length are zero-filled, never loaded. (A variant with
+// one bulk copy per 1152-byte row on an mbarrier gives identical results but measured 577 us
+// against 388 us at 128 x 8K on the H200, so cp.async is the op's path.)
 //
 // Warp roles (8 warps, 256 threads):
-//   scores:  warp w computes rows 16*(w%2)..+15 x tokens 16*(w/2)..+15 over k = 0..575
+//   scores:  S^T = K Q^T. Warp w computes tokens 32*(w%2)..+31 x all 32 heads over the k slice
+//            144*(w/2)..+143; its slice of Q^T stays in registers for the whole request (72 regs),
+//            so each K element is read from shared memory exactly once per page (Q-in-smem
+//            re-read Q and K per warp: 295 KB of smem reads per page; now 74 KB + 64 KB of
+//            k-slice partials). The four partials of a score are added in slice order.
 //   softmax: thread t owns row t/8, tokens 8*(t%8)..+7
 //   P V:     warp w owns output columns 64*w..+63 for all 32 rows
 #pragma once
@@ -25,15 +31,29 @@ struct SplitKvConfig {
   static constexpr int kRows = 32;                     // query heads per tile
   static constexpr int kRowStride = kMlaRowDim + 8;    // bf16 elements; +16 B keeps ldmatrix conflict-free
   static constexpr int kStages = 2;
-  static constexpr int kScoreStride = kMlaPageTokens + 4;   // fp32
+  static constexpr int kKSlices = 4;                        // score warps split k = 576 four ways
+  static constexpr int kKSteps = kMlaRowDim / 16 / kKSlices;  // m16n8k16 steps per slice (9)
+  static constexpr int kTokenHalves = kWarpsPerBlock / kKSlices;  // score warps per k slice (2)
+  static constexpr int kHeadTiles = kRows / 8;              // n8 tiles of heads (4)
+  static constexpr int kPartialStride = kMlaPageTokens + 4; // fp32; conflict-free fragment stores
   static constexpr int kProbStride = kMlaPageTokens + 8;    // bf16
   static constexpr int kChunksPerRow = kMlaRowDim / 8;      // 16-byte chunks per cache row
 };
 
+static_assert(SplitKvConfig::kKSlices * SplitKvConfig::kTokenHalves == kWarpsPerBlock);
+static_assert(SplitKvConfig::kTokenHalves * 32 == kMlaPageTokens);
+static_assert(SplitKvConfig::kKSteps * 16 * SplitKvConfig::kKSlices == kMlaRowDim);
+
+// How the tile moves pages and which phases it runs. kCpAsync is the op; the others exist for the
+// tests and the benchmark's account of the time (bulk row copies; loads without the math; the
+// math without loads after the first stages, on stale data; the last two move pages with bulk
+// copies, as they were measured).
+enum class SplitKvVariant { kBulk, kCpAsync, kLoadsOnly, kComputeOnly };
+
 struct SplitKvSmem {
-  __nv_bfloat16* q;       // [32][kRowStride]
+  std::uint64_t* bars;    // [kStages] mbarriers of the bulk copies
   __nv_bfloat16* page;    // [kStages][64][kRowStride]
-  float* scores;          // [32][kScoreStride]
+  float* partial;         // [kKSlices][32][kPartialStride]: scores of each k slice
   __nv_bfloat16* probs;   // [32][kProbStride]
   float* row_max;         // [32] running max, log2 domain
   float* row_sum;         // [32] running sum of p (fp32)
@@ -41,9 +61,9 @@ struct SplitKvSmem {
 
   __host__ __device__ explicit SplitKvSmem(char* base) {
     encore::device::SmemAllocator a(base);
-    q = a.take<__nv_bfloat16>(SplitKvConfig::kRows * SplitKvConfig::kRowStride, 128);
+    bars = a.take<std::uint64_t>(SplitKvConfig::kStages, 8);
     page = a.take<__nv_bfloat16>(SplitKvConfig::kStages * kMlaPageTokens * SplitKvConfig::kRowStride, 128);
-    scores = a.take<float>(SplitKvConfig::kRows * SplitKvConfig::kScoreStride);
+    partial = a.take<float>(SplitKvConfig::kKSlices * SplitKvConfig::kRows * SplitKvConfig::kPartialStride);
     probs = a.take<__nv_bfloat16>(SplitKvConfig::kRows * SplitKvConfig::kProbStride);
     row_max = a.take<float>(SplitKvConfig::kRows);
     row_sum = a.take<float>(SplitKvConfig::kRows);
@@ -61,14 +81,23 @@ namespace detail_splitkv {
 
 using Cfg = SplitKvConfig;
 
-// Q rows of (request, head group) -> shared; heads beyond num_heads are zero rows.
-__device__ __forceinline__ void load_q(const MlaAttentionParams& p, int req, int group, __nv_bfloat16* q_s) {
-  for (int c = threadIdx.x; c < Cfg::kRows * Cfg::kChunksPerRow; c += kBlockThreads) {
-    const int row = c / Cfg::kChunksPerRow, chunk = c % Cfg::kChunksPerRow;
-    const int head = group * Cfg::kRows + row;
+// This warp's k slice of Q^T as mma B fragments (k16 x n8, 4 n-tiles of 8 heads): b0 holds
+// Q[head][k + 2(lane%4) .. +1] with head = 8 nt + lane/4, b1 the same 8 columns later. Heads
+// beyond num_heads are zero.
+using QFrags = std::uint32_t[SplitKvConfig::kKSteps][SplitKvConfig::kHeadTiles][2];
+__device__ __forceinline__ void load_q_frags(const MlaAttentionParams& p, int req, int group, int kslice, QFrags& qf) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int nt = 0; nt < Cfg::kHeadTiles; ++nt) {
+    const int head = group * Cfg::kRows + nt * 8 + lane / 4;
     const bool valid = head < p.num_heads;
-    const __nv_bfloat16* src = p.q576 + (std::int64_t(req) * p.num_heads + (valid ? head : 0)) * kMlaRowDim + chunk * 8;
-    device::cp_async_16(q_s + row * Cfg::kRowStride + chunk * 8, src, valid ? 16 : 0);
+    const std::uint32_t* src = reinterpret_cast<const std::uint32_t*>(
+        p.q576 + (std::int64_t(req) * p.num_heads + (valid ? head : 0)) * kMlaRowDim + kslice * Cfg::kKSteps * 16 + 2 * (lane % 4));
+#pragma unroll
+    for (int ks = 0; ks < Cfg::kKSteps; ++ks) {
+      qf[ks][nt][0] = valid ? src[ks * 8] : 0u;
+      qf[ks][nt][1] = valid ? src[ks * 8 + 4] : 0u;
+    }
   }
 }
 
@@ -78,29 +107,51 @@ __device__ __forceinline__ std::int32_t page_id_of(const MlaAttentionParams& p, 
 }
 
 // Page `page_id` -> one stage; token rows >= valid_tokens are zero-filled. A page id outside the
-// pool is never read: the stage is zero-filled and the step is flagged.
+// pool is never read: the stage is zero-filled and the step is flagged. Called by all threads.
+// Bulk: warp 0 announces the bytes on the stage's mbarrier and issues one copy per row.
+template <bool kBulk>
 __device__ __forceinline__ void load_page(const MlaAttentionParams& p, std::int32_t page_id, int valid_tokens,
-                                          __nv_bfloat16* stage) {
+                                          __nv_bfloat16* stage, std::uint64_t* bar) {
   if (page_id < 0 || page_id >= p.cache.num_pages) {
     if (threadIdx.x == 0) atomicOr(p.error_flag, kMlaErrorPageId);
     valid_tokens = 0;
     page_id = 0;
   }
   const __nv_bfloat16* base = p.cache.pages + std::int64_t(page_id) * kMlaPageTokens * kMlaRowDim;
-  for (int c = threadIdx.x; c < kMlaPageTokens * Cfg::kChunksPerRow; c += kBlockThreads) {
-    const int row = c / Cfg::kChunksPerRow, chunk = c % Cfg::kChunksPerRow;
-    const bool valid = row < valid_tokens;
-    device::cp_async_16(stage + row * Cfg::kRowStride + chunk * 8, base + (valid ? row * kMlaRowDim + chunk * 8 : 0),
-                        valid ? 16 : 0);
+  if constexpr (kBulk) {
+    for (int c = threadIdx.x; c < (kMlaPageTokens - valid_tokens) * Cfg::kChunksPerRow; c += kBlockThreads) {
+      const int row = valid_tokens + c / Cfg::kChunksPerRow, chunk = c % Cfg::kChunksPerRow;
+      *reinterpret_cast<uint4*>(stage + row * Cfg::kRowStride + chunk * 8) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    if (threadIdx.x < 32) {
+      if (threadIdx.x == 0) {
+        device::fence_proxy_async();  // the stage's earlier generic reads come first
+        device::mbarrier_arrive_expect_tx(bar, std::uint32_t(valid_tokens) * kMlaRowDim * sizeof(__nv_bfloat16));
+      }
+      __syncwarp();
+      for (int row = threadIdx.x; row < valid_tokens; row += 32)
+        device::bulk_copy_g2s(stage + row * Cfg::kRowStride, base + std::int64_t(row) * kMlaRowDim,
+                              kMlaRowDim * sizeof(__nv_bfloat16), bar);
+    }
+  } else {
+    for (int c = threadIdx.x; c < kMlaPageTokens * Cfg::kChunksPerRow; c += kBlockThreads) {
+      const int row = c / Cfg::kChunksPerRow, chunk = c % Cfg::kChunksPerRow;
+      const bool valid = row < valid_tokens;
+      device::cp_async_16(stage + row * Cfg::kRowStride + chunk * 8, base + (valid ? row * kMlaRowDim + chunk * 8 : 0),
+                          valid ? 16 : 0);
+    }
   }
 }
 
 }  // namespace detail_splitkv
 
 // One tile: every (request, page range) of part tile / groups, heads of group tile % groups.
+template <SplitKvVariant kVariant = SplitKvVariant::kCpAsync>
 __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, char* smem_base) {
   using Cfg = SplitKvConfig;
   using namespace detail_splitkv;
+  constexpr bool kBulk = kVariant != SplitKvVariant::kCpAsync;
+  constexpr bool kMath = kVariant != SplitKvVariant::kLoadsOnly;
   if (device::step_flagged(p.error_flag)) return;
   const int groups = head_groups(p.num_heads);
   const int part = tile / groups, group = tile % groups;
@@ -112,6 +163,9 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
   SplitKvSmem sm(smem_base);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;  // scores in log2 units, fp32
+  if (kBulk && threadIdx.x == 0)
+    for (int s = 0; s < Cfg::kStages; ++s) device::mbarrier_init(&sm.bars[s], 1);  // first use after the request's barrier
+  std::uint32_t phases = 0;  // bit s: parity of stage s's next completion
 
   for (int req = begin_req; req <= end_req; ++req) {
     const int len = p.seq_lens[req];
@@ -129,12 +183,13 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
       sm.row_max[threadIdx.x] = -INFINITY;
       sm.row_sum[threadIdx.x] = 0.f;
     }
-    load_q(p, req, group, sm.q);
+    QFrags qf;
+    load_q_frags(p, req, group, warp / Cfg::kTokenHalves, qf);
     for (int s = 0; s < Cfg::kStages; ++s) {
       if (s < num_pages) {
         const int pg = page_begin + s;
-        load_page(p, page_id_of(p, req, pg), min(token_end - pg * kMlaPageTokens, kMlaPageTokens),
-                  sm.page + s * kMlaPageTokens * Cfg::kRowStride);
+        load_page<kBulk>(p, page_id_of(p, req, pg), min(token_end - pg * kMlaPageTokens, kMlaPageTokens),
+                         sm.page + s * kMlaPageTokens * Cfg::kRowStride, &sm.bars[s]);
       }
       device::cp_async_commit();
     }
@@ -152,51 +207,62 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
       const int valid_tokens = min(token_end - pg * kMlaPageTokens, kMlaPageTokens);
       const __nv_bfloat16* kv = sm.page + (i % Cfg::kStages) * kMlaPageTokens * Cfg::kRowStride;
       const std::int32_t next_id = i + Cfg::kStages < num_pages ? page_id_of(p, req, pg + Cfg::kStages) : 0;
-      device::cp_async_wait<Cfg::kStages - 1>();
+      const int stage = i % Cfg::kStages;
+      if constexpr (kBulk) {
+        if (kVariant != SplitKvVariant::kComputeOnly || i < Cfg::kStages) {
+          device::mbarrier_wait_parity(&sm.bars[stage], (phases >> stage) & 1u);
+          phases ^= 1u << stage;
+        }
+      } else {
+        device::cp_async_wait<Cfg::kStages - 1>();
+      }
       __syncthreads();
 
-      // ---- scores: 16 rows x 16 tokens per warp over k = 576
-      {
-        const int mt = warp % 2, tg = warp / 2;
-        // Two accumulator sets (even / odd k-steps) halve the dependent mma chains.
-        float s_acc[2][2][4] = {};  // [set][n-tile][fragment]
-        const __nv_bfloat16* a_ptr = sm.q + (mt * 16 + lane % 16) * Cfg::kRowStride + (lane / 16) * 8;
-        const int mat = lane / 8;
-        const __nv_bfloat16* b_ptr = kv + (tg * 16 + (mat / 2) * 8 + lane % 8) * Cfg::kRowStride + (mat % 2) * 8;
-#pragma unroll 3
-        for (int k = 0; k < kMlaRowDim; k += 32) {
+      // ---- scores S^T = K Q^T: 32 tokens x 32 heads per warp over its k slice
+      if constexpr (kMath) {
+        const int half = warp % Cfg::kTokenHalves, kslice = warp / Cfg::kTokenHalves;
+        float s_acc[2][Cfg::kHeadTiles][4] = {};  // [token m-tile][head n-tile][fragment]
+        const __nv_bfloat16* a_ptr =
+            kv + (half * 32 + lane % 16) * Cfg::kRowStride + kslice * Cfg::kKSteps * 16 + (lane / 16) * 8;
 #pragma unroll
-          for (int set = 0; set < 2; ++set) {
-            std::uint32_t a[4], b[4];
-            device::ldmatrix_x4(a, a_ptr + k + 16 * set);
-            device::ldmatrix_x4(b, b_ptr + k + 16 * set);
-            device::mma_bf16_16816(s_acc[set][0], a, b[0], b[1]);
-            device::mma_bf16_16816(s_acc[set][1], a, b[2], b[3]);
+        for (int ks = 0; ks < Cfg::kKSteps; ++ks)
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            std::uint32_t a[4];
+            device::ldmatrix_x4(a, a_ptr + mt * 16 * Cfg::kRowStride + ks * 16);
+#pragma unroll
+            for (int nt = 0; nt < Cfg::kHeadTiles; ++nt) device::mma_bf16_16816(s_acc[mt][nt], a, qf[ks][nt][0], qf[ks][nt][1]);
           }
-        }
+        // Fragment (token lane/4 (+8), heads 2(lane%4) + {0, 1}) -> partial[kslice][head][token].
+        float* part = sm.partial + kslice * Cfg::kRows * Cfg::kPartialStride;
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
+        for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s_acc[0][nt][e] += s_acc[1][nt][e];
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          const int row = mt * 16 + lane / 4, col = tg * 16 + nt * 8 + (lane % 4) * 2;
-          *reinterpret_cast<float2*>(sm.scores + row * Cfg::kScoreStride + col) = make_float2(s_acc[0][nt][0], s_acc[0][nt][1]);
-          *reinterpret_cast<float2*>(sm.scores + (row + 8) * Cfg::kScoreStride + col) =
-              make_float2(s_acc[0][nt][2], s_acc[0][nt][3]);
-        }
+          for (int nt = 0; nt < Cfg::kHeadTiles; ++nt) {
+            const int token = half * 32 + mt * 16 + lane / 4, head = nt * 8 + 2 * (lane % 4);
+            part[head * Cfg::kPartialStride + token] = s_acc[mt][nt][0];
+            part[(head + 1) * Cfg::kPartialStride + token] = s_acc[mt][nt][1];
+            part[head * Cfg::kPartialStride + token + 8] = s_acc[mt][nt][2];
+            part[(head + 1) * Cfg::kPartialStride + token + 8] = s_acc[mt][nt][3];
+          }
       }
       __syncthreads();
 
       // ---- online softmax: 8 threads per row, 8 tokens each
-      {
+      if constexpr (kMath) {
         const int row = threadIdx.x / 8, sub = threadIdx.x % 8;
-        float s[8];
+        float s[8] = {};
+#pragma unroll
+        for (int ksl = 0; ksl < Cfg::kKSlices; ++ksl) {  // k slices added in a fixed order
+          const float* part = sm.partial + (ksl * Cfg::kRows + row) * Cfg::kPartialStride + sub * 8;
+          const float4 lo = *reinterpret_cast<const float4*>(part), hi = *reinterpret_cast<const float4*>(part + 4);
+          s[0] += lo.x, s[1] += lo.y, s[2] += lo.z, s[3] += lo.w;
+          s[4] += hi.x, s[5] += hi.y, s[6] += hi.z, s[7] += hi.w;
+        }
         float page_max = -INFINITY;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          const int t = sub * 8 + j;
-          s[j] = t < valid_tokens ? sm.scores[row * Cfg::kScoreStride + t] * scale_log2 : -INFINITY;
+          s[j] = sub * 8 + j < valid_tokens ? s[j] * scale_log2 : -INFINITY;
           page_max = fmaxf(page_max, s[j]);
         }
         const float old_max = sm.row_max[row];
@@ -227,7 +293,7 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
       __syncthreads();
 
       // ---- O = alpha O + P V: 32 rows x 64 columns per warp, k = 64 tokens
-      {
+      if constexpr (kMath) {
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
           const float a_lo = sm.row_alpha[mt * 16 + lane / 4], a_hi = sm.row_alpha[mt * 16 + lane / 4 + 8];
@@ -262,14 +328,14 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
       }
       __syncthreads();  // stage, scores and probs free again
 
-      if (i + Cfg::kStages < num_pages) {
+      if (i + Cfg::kStages < num_pages && kVariant != SplitKvVariant::kComputeOnly) {
         const int next = pg + Cfg::kStages;
-        load_page(p, next_id, min(token_end - next * kMlaPageTokens, kMlaPageTokens),
-                  sm.page + (i % Cfg::kStages) * kMlaPageTokens * Cfg::kRowStride);
+        load_page<kBulk>(p, next_id, min(token_end - next * kMlaPageTokens, kMlaPageTokens),
+                         sm.page + stage * kMlaPageTokens * Cfg::kRowStride, &sm.bars[stage]);
       }
       device::cp_async_commit();
     }
-    device::cp_async_wait<0>();  // no copy may outlive the request (Q of a page-less request)
+    device::cp_async_wait<0>();  // (cp.async variant) no copy outlives the request
     __syncthreads();
 
     // ---- epilogue: O / l and the LSE (natural log) of each row, final or partial slot

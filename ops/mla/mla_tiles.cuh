@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
 
 #include <encore/ops/mla.h>
 
@@ -16,18 +17,25 @@
 namespace encore::ops::mla {
 
 // ---- scheduler (one tile) --------------------------------------------------------------------
-// Validates the device-resident lengths, positions and page ids, then runs the plan walk.
-inline std::size_t mla_sched_smem_bytes(int num_seqs) { return std::size_t(num_seqs) * sizeof(int) + 64; }
+// Validates the device-resident lengths, positions and page ids, then builds the tape plan of
+// mla_plan.h in parallel: a block scan of the request costs, a block scan of the split counts,
+// and one independent binary search per part. Thread t owns requests [t per, (t+1) per).
+inline std::size_t mla_sched_smem_bytes(int num_seqs) { return (std::size_t(num_seqs) + 1) * sizeof(int) + 64; }
 
 __device__ inline void mla_sched_tile(const MlaSchedParams& p, int /*tile*/, char* smem) {
-  int* pages = reinterpret_cast<int*>(smem);  // [num_seqs]
+  int* start = reinterpret_cast<int*>(smem);  // [num_seqs + 1]: tape start of each request
   __shared__ int flag;
+  using Scan = cub::BlockScan<int, kBlockThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
   if (threadIdx.x == 0) flag = 0;
   __syncthreads();
+  const int n = p.num_seqs, C = p.fixed_overhead;
   const int capacity = p.cache.max_pages_per_seq * kMlaPageTokens;
+  const int per = (n + kBlockThreads - 1) / kBlockThreads;
+  const int b0 = min(int(threadIdx.x) * per, n), b1 = min(b0 + per, n);
   int my_flag = 0;
-  long long my_cost = 0;
-  for (int b = threadIdx.x; b < p.num_seqs; b += kBlockThreads) {
+  int my_cost = 0;
+  for (int b = b0; b < b1; ++b) {
     const int len = p.seq_lens[b];
     if (len < 0 || len > capacity) my_flag |= kMlaErrorLength;
     const int pos = p.positions != nullptr ? p.positions[b] : len - 1;
@@ -37,21 +45,30 @@ __device__ inline void mla_sched_tile(const MlaSchedParams& p, int /*tile*/, cha
       const std::int32_t id = p.cache.block_table[std::int64_t(b) * p.cache.block_table_stride + (len - 1) / kMlaPageTokens];
       if (id < 0 || id >= p.cache.num_pages) my_flag |= kMlaErrorPageId;
     }
-    pages[b] = plan_pages(len, capacity);
-    my_cost += pages[b] + p.fixed_overhead;
+    start[b] = my_cost;  // local offset; the scan adds the thread's base below
+    my_cost += plan_pages(len, capacity) + C;
   }
-  using Reduce = cub::BlockReduce<long long, kBlockThreads>;
-  __shared__ typename Reduce::TempStorage reduce_storage;
-  __shared__ long long total_cost;
-  const long long cost = Reduce(reduce_storage).Sum(my_cost);
   if (my_flag) atomicOr(&flag, my_flag);  // integer OR: order-free, deterministic
-  if (threadIdx.x == 0) total_cost = cost;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    plan_walk_fast(p.num_seqs, p.num_parts, p.fixed_overhead, total_cost, [&](int b) { return pages[b]; }, p.sched_meta,
-                   p.num_splits, int(threadIdx.x), 32);
-    if (threadIdx.x == 0) *p.error_flag = flag;
+  int base, total;
+  Scan(scan_storage).ExclusiveSum(my_cost, base, total);
+  for (int b = b0; b < b1; ++b) start[b] += base;
+  if (threadIdx.x == 0) start[n] = total;
+  __syncthreads();  // starts complete; also frees the scan storage for the second scan
+  const int unit = plan_unit(total, p.num_parts);  // the block aggregate reaches every thread
+  int my_splits = 0;
+  for (int b = b0; b < b1; ++b) my_splits += plan_request_splits(start[b], int(start[b + 1] - start[b] - C), C, unit);
+  int split_base;
+  Scan(scan_storage).ExclusiveSum(my_splits, split_base);
+  if (threadIdx.x == 0) p.num_splits[0] = 0;
+  for (int b = b0; b < b1; ++b) {
+    split_base += plan_request_splits(start[b], int(start[b + 1] - start[b] - C), C, unit);
+    p.num_splits[b + 1] = split_base;
   }
+  auto start_of = [&](int b) { return start[b]; };
+  for (int part = threadIdx.x; part < p.num_parts; part += kBlockThreads)
+    plan_part(part, n, C, unit, start_of, p.sched_meta + part * kMlaMetaInts);
+  __syncthreads();  // flag complete
+  if (threadIdx.x == 0) *p.error_flag = flag;
 }
 
 // ---- cache append (tile = request) -------------------------------------------------------------

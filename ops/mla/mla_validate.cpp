@@ -57,6 +57,9 @@ Status mla_validate(const MlaSchedParams& p) {
                  ": num_parts must be in [1, 4096] (got ", p.num_parts, ")");
   ENCORE_REQUIRE(p.fixed_overhead >= 0 && p.fixed_overhead <= 4096, StatusCode::kInvalidArgument, op,
                  ": fixed_overhead must be in [0, 4096] (got ", p.fixed_overhead, ")");
+  // The plan's tape arithmetic is 32-bit (mla_plan.h).
+  ENCORE_REQUIRE(std::int64_t(p.num_seqs) * (std::int64_t(p.cache.max_pages_per_seq) + p.fixed_overhead) < (std::int64_t(1) << 31),
+                 StatusCode::kOutOfRange, op, ": num_seqs * (max_pages_per_seq + fixed_overhead) must stay below 2^31");
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.seq_lens, 4, "mla_sched: seq_lens"));
   if (p.positions) ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.positions, 4, "mla_sched: positions"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.sched_meta, 16, "mla_sched: sched_meta"));

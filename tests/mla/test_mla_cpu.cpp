@@ -30,15 +30,20 @@ void check_plan(const std::vector<std::int32_t>& lens, int parts, int overhead) 
   std::vector<std::vector<int>> covered(n);
   std::vector<std::vector<int>> split_seen(n);
   for (int b = 0; b < n; ++b) covered[b].assign(std::max((lens[b] + 63) / 64, 1), 0);
-  bool ended = false;
+  int total = 0;
+  for (int b = 0; b < n; ++b) total += int(covered[b].size()) + overhead;
+  const int unit = mla::plan_unit(total, parts);
   for (int part = 0; part < parts; ++part) {
     const std::int32_t* m = &s.meta[std::size_t(part) * kMlaMetaInts];
-    if (m[0] < 0) {
-      ended = true;
-      continue;
-    }
-    ASSERT_FALSE(ended) << "a part with work after an empty part";
+    if (m[0] < 0) continue;  // no work (only overhead units, or past the end)
     ASSERT_LE(m[0], m[1]);
+    // Balance: pages plus the overhead of the requests it starts stay within one unit.
+    int work = 0;
+    for (int b = m[0]; b <= m[1]; ++b) {
+      const int p0 = b == m[0] ? m[2] : 0, p1 = b == m[1] ? m[3] : int(covered[b].size());
+      work += p1 - p0 + (p0 == 0 ? overhead : 0);
+    }
+    ASSERT_LE(work, unit + overhead) << "part " << part;
     for (int b = m[0]; b <= m[1]; ++b) {
       const int pages = int(covered[b].size());
       const int p0 = b == m[0] ? m[2] : 0, p1 = b == m[1] ? m[3] : pages;
@@ -74,21 +79,23 @@ TEST(MlaSchedCpu, CoversEveryPageOnceAcrossShapes) {
   }
 }
 
-// The scheduler kernel's O(N) walk (cooperating lanes) gives exactly the plain walk's plan.
-TEST(MlaSchedCpu, FastWalkEqualsPlainWalk) {
+// The scheduler kernel's closed form (scan + per-part search, mla_plan.h) gives exactly the
+// page-by-page reference plan.
+TEST(MlaSchedCpu, ClosedFormEqualsPageWalk) {
   std::mt19937_64 rng(test::fresh_seed());
   auto compare = [](const std::vector<std::int32_t>& lens, int parts, int overhead) {
     const ref::MlaSchedule want = ref::mla_sched(lens, parts, overhead);
-    long long total = 0;
-    for (int l : lens) total += mla::plan_pages(l, 1 << 30) + overhead;
-    for (int lanes : {1, 3, 32}) {
-      std::vector<std::int32_t> meta(want.meta.size(), 12345), splits(want.num_splits.size(), 12345);
-      for (int lane = 0; lane < lanes; ++lane)
-        mla::plan_walk_fast(int(lens.size()), parts, overhead, total, [&](int b) { return mla::plan_pages(lens[b], 1 << 30); },
-                            meta.data(), splits.data(), lane, lanes);
-      ASSERT_EQ(meta, want.meta) << "N=" << lens.size() << " P=" << parts << " C=" << overhead << " lanes=" << lanes;
-      ASSERT_EQ(splits, want.num_splits) << "N=" << lens.size() << " P=" << parts << " C=" << overhead;
-    }
+    const int n = int(lens.size());
+    std::vector<int> start(n + 1, 0);
+    for (int b = 0; b < n; ++b) start[b + 1] = start[b] + mla::plan_pages(lens[b], 1 << 30) + overhead;
+    const int unit = mla::plan_unit(start[n], parts);
+    std::vector<std::int32_t> meta(want.meta.size(), 12345), splits(n + 1, 0);
+    for (int b = 0; b < n; ++b)
+      splits[b + 1] = splits[b] + mla::plan_request_splits(start[b], int(start[b + 1] - start[b] - overhead), overhead, unit);
+    for (int k = 0; k < parts; ++k)
+      mla::plan_part(k, n, overhead, unit, [&](int b) { return start[b]; }, &meta[std::size_t(k) * kMlaMetaInts]);
+    ASSERT_EQ(meta, want.meta) << "N=" << n << " P=" << parts << " C=" << overhead;
+    ASSERT_EQ(splits, want.num_splits) << "N=" << n << " P=" << parts << " C=" << overhead;
   };
   for (int parts : {1, 2, 5, 33, 66, 132}) {
     compare({1}, parts, 5);
@@ -115,9 +122,11 @@ TEST(MlaSchedCpu, SpecExampleAndDeterminism) {
   const ref::MlaSchedule s1 = ref::mla_sched({4096}, 1, 5);
   EXPECT_EQ(s1.num_splits[1], 1);
   EXPECT_EQ(s.meta, ref::mla_sched({4096}, 132, 5).meta);
-  // 128 requests of 8K over 132 parts: most requests whole, a few cut.
+  // 128 requests of 8K over 132 parts: every part gets ceil(128 * 133 / 132) = 129 units.
   const ref::MlaSchedule big = ref::mla_sched(std::vector<std::int32_t>(128, 8192), 132, 5);
-  EXPECT_LE(big.num_splits[128], 128 + 132);
+  EXPECT_LE(big.num_splits[128], 128 + 131);
+  // 32K at N = 1: 517 units over 132 parts of 4 (positions 5..516 -> parts 1..129).
+  EXPECT_EQ(ref::mla_sched({32768}, 132, 5).num_splits[1], 129);
 }
 
 TEST(MlaRopeCpu, YarnThetaMatchesSpec) {

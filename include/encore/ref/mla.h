@@ -9,7 +9,8 @@
 
 namespace encore::ref {
 
-// Spec §7 plan for the given lengths: meta [num_parts][8], num_splits [N + 1].
+// Split-KV plan (spec §7, tape form of mla_plan.h) for the given lengths: meta [num_parts][8],
+// num_splits [N + 1]. Computed page by page, independently of the kernel's closed form.
 struct MlaSchedule {
   std::vector<std::int32_t> meta;
   std::vector<std::int32_t> num_splits;
