@@ -70,6 +70,20 @@ __global__ void kda_transpose_heads_kernel(const float* __restrict__ in, float* 
   for (int c = ty; c < 32; c += 8) out[base + std::int64_t(c0 + c) * D + r0 + tx] = tile[tx][c];
 }
 
+// One slot's conv history between tap-major [3][C] (ours) and channel-major [C][3]:
+// to_tap_major: out[t][c] = in[c][t], else out[c][t] = in[t][c]. Grid-stride over the 3C values.
+__global__ void kda_conv_layout_kernel(const float* __restrict__ in, float* __restrict__ out, std::int64_t C,
+                                       bool to_tap_major) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < 3 * C;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    const std::int64_t t = i / C, c = i - t * C;  // i indexes the tap-major side
+    if (to_tap_major)
+      out[i] = in[c * 3 + t];
+    else
+      out[c * 3 + t] = in[i];
+  }
+}
+
 std::int64_t proj_bytes(const KdaParams& p) {
   return ((std::int64_t(p.batch) - 1) * p.proj_stride + kda_proj_width(p)) * std::int64_t(sizeof(float));
 }
@@ -259,6 +273,73 @@ Status kda_export_state_kv(const float* recurrent_state, int num_slots, int num_
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(state_kv, 4, "kda_export_state_kv: state_kv"));
   const float* src = recurrent_state + slot * kda_recurrent_state_floats_per_slot(num_heads, head_dim);
   return transpose_slot(src, state_kv, num_heads, head_dim, stream, "kda_export_state_kv");
+}
+
+namespace {
+
+// Shared checks of the one-slot helpers: dims, slot range, pointers, no overlap with the slot.
+Status check_slot_copy(const void* pool, std::int64_t floats_per_slot, int num_slots, int num_heads, int head_dim,
+                       int slot, const void* buffer, const char* who) {
+  ENCORE_RETURN_IF_ERROR(check_pool_dims(num_slots, num_heads, head_dim, who));
+  ENCORE_REQUIRE(slot >= 0 && slot < num_slots, StatusCode::kOutOfRange, who, ": slot ", slot,
+                 " out of range (num_slots = ", num_slots, ")");
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(pool, 16, who));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(buffer, 4, who));
+  const std::size_t bytes = std::size_t(floats_per_slot) * 4;
+  return detail::check_no_overlap(static_cast<const char*>(pool) + slot * bytes, bytes, "slot", buffer, bytes,
+                                  "buffer");
+}
+
+Status copy_slot(void* dst, const void* src, std::int64_t floats, cudaStream_t stream, const char* who) {
+  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
+  ENCORE_CUDA_TRY(cudaMemcpyAsync(dst, src, std::size_t(floats) * 4, cudaMemcpyDeviceToDevice, stream));
+  return detail::check_launch(who);
+}
+
+Status convert_conv(const float* in, float* out, std::int64_t channels, bool to_tap_major, cudaStream_t stream,
+                    const char* who) {
+  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
+  const int blocks = int(std::min<std::int64_t>((3 * channels + kBlockThreads - 1) / kBlockThreads, 1024));
+  kda_conv_layout_kernel<<<blocks, kBlockThreads, 0, stream>>>(in, out, channels, to_tap_major);
+  return detail::check_launch(who);
+}
+
+}  // namespace
+
+Status kda_import_state_vk(float* recurrent_state, int num_slots, int num_heads, int head_dim, int slot,
+                           const float* state_vk, cudaStream_t stream) {
+  const std::int64_t n = kda_recurrent_state_floats_per_slot(num_heads, head_dim);
+  ENCORE_RETURN_IF_ERROR(check_slot_copy(recurrent_state, n, num_slots, num_heads, head_dim, slot, state_vk,
+                                         "kda_import_state_vk"));
+  return copy_slot(recurrent_state + slot * n, state_vk, n, stream, "kda_import_state_vk");
+}
+
+Status kda_export_state_vk(const float* recurrent_state, int num_slots, int num_heads, int head_dim, int slot,
+                           float* state_vk, cudaStream_t stream) {
+  const std::int64_t n = kda_recurrent_state_floats_per_slot(num_heads, head_dim);
+  ENCORE_RETURN_IF_ERROR(check_slot_copy(recurrent_state, n, num_slots, num_heads, head_dim, slot, state_vk,
+                                         "kda_export_state_vk"));
+  return copy_slot(state_vk, recurrent_state + slot * n, n, stream, "kda_export_state_vk");
+}
+
+Status kda_import_conv_state(float* conv_state, int num_slots, int num_heads, int head_dim, int slot, const float* src,
+                             KdaConvLayout layout, cudaStream_t stream) {
+  const std::int64_t n = kda_conv_state_floats_per_slot(num_heads, head_dim);
+  ENCORE_RETURN_IF_ERROR(
+      check_slot_copy(conv_state, n, num_slots, num_heads, head_dim, slot, src, "kda_import_conv_state"));
+  float* dst = conv_state + slot * n;
+  if (layout == KdaConvLayout::kTapMajor) return copy_slot(dst, src, n, stream, "kda_import_conv_state");
+  return convert_conv(src, dst, n / 3, true, stream, "kda_import_conv_state");
+}
+
+Status kda_export_conv_state(const float* conv_state, int num_slots, int num_heads, int head_dim, int slot, float* dst,
+                             KdaConvLayout layout, cudaStream_t stream) {
+  const std::int64_t n = kda_conv_state_floats_per_slot(num_heads, head_dim);
+  ENCORE_RETURN_IF_ERROR(
+      check_slot_copy(conv_state, n, num_slots, num_heads, head_dim, slot, dst, "kda_export_conv_state"));
+  const float* src = conv_state + slot * n;
+  if (layout == KdaConvLayout::kTapMajor) return copy_slot(dst, src, n, stream, "kda_export_conv_state");
+  return convert_conv(src, dst, n / 3, false, stream, "kda_export_conv_state");
 }
 
 }  // namespace encore::ops

@@ -230,6 +230,21 @@ TEST_F(KdaValidation, HelpersRejectBadInput) {
   EXPECT_EQ(ops::kda_export_state_kv(state, 4, 32, 128, -1, conv, nullptr).code(), StatusCode::kOutOfRange);
   EXPECT_EQ(ops::kda_export_state_kv(state + 1, 4, 32, 128, 0, conv, nullptr).code(), StatusCode::kMisaligned);
   EXPECT_EQ(ops::kda_check_slots(ids, 0, 4, static_cast<int*>(fake(23)), nullptr).code(), StatusCode::kInvalidArgument);
+  using ops::KdaConvLayout;
+  EXPECT_EQ(ops::kda_import_conv_state(conv, 4, 32, 128, 4, state, KdaConvLayout::kTapMajor, nullptr).code(),
+            StatusCode::kOutOfRange);
+  EXPECT_EQ(ops::kda_import_conv_state(conv, 4, 32, 96, 0, state, KdaConvLayout::kTapMajor, nullptr).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ops::kda_import_conv_state(conv, 4, 32, 128, 0, nullptr, KdaConvLayout::kChannelMajor, nullptr).code(),
+            StatusCode::kNullPointer);
+  EXPECT_EQ(ops::kda_export_conv_state(conv + 1, 4, 32, 128, 0, state, KdaConvLayout::kTapMajor, nullptr).code(),
+            StatusCode::kMisaligned);
+  EXPECT_EQ(ops::kda_export_conv_state(conv, 4, 32, 128, 0, conv + 4, KdaConvLayout::kTapMajor, nullptr).code(),
+            StatusCode::kOverlap);
+  EXPECT_EQ(ops::kda_import_state_vk(state, 4, 32, 128, -1, conv, nullptr).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(ops::kda_export_state_vk(state, 4, 32, 128, 2, state + 2 * ops::kda_recurrent_state_floats_per_slot(32, 128),
+                                     nullptr).code(),
+            StatusCode::kOverlap);
 }
 
 }  // namespace

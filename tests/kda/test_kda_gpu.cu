@@ -386,6 +386,37 @@ TEST(KdaGpu, StateHelpers) {
     EXPECT_TRUE(test::bitwise_equal(&pooled[2 * per_slot], vk.data(), per_slot * 4)) << "D=" << D;
     EXPECT_TRUE(test::bitwise_equal(pooled.data(), pool0.data(), 2 * per_slot * 4));
 
+    // Own layout copies and conv history in both layouts round-trip bit for bit.
+    ENCORE_OK(ops::kda_export_state_vk(pool.get(), num_slots, H, D, 2, kv_out.get(), nullptr));
+    EXPECT_TRUE(test::bitwise_equal(kv_out.download().data(), vk.data(), per_slot * 4)) << "export vk, D=" << D;
+    DeviceBuffer<float> saved(per_slot);
+    ENCORE_OK(ops::kda_export_state_vk(pool.get(), num_slots, H, D, 0, saved.get(), nullptr));
+    ENCORE_OK(ops::kda_import_state_vk(pool.get(), num_slots, H, D, 0, kv_in.get(), nullptr));
+    EXPECT_TRUE(test::bitwise_equal(pool.download().data(), kv.data(), per_slot * 4)) << "import vk, D=" << D;
+    ENCORE_OK(ops::kda_import_state_vk(pool.get(), num_slots, H, D, 0, saved.get(), nullptr));  // restore slot 0
+    EXPECT_TRUE(test::bitwise_equal(pool.download().data(), pool0.data(), per_slot * 4)) << "restore, D=" << D;
+    const auto conv_cm = test::random_normal(conv_per_slot, rng);  // [C][3]
+    const std::int64_t C = conv_per_slot / 3;
+    DeviceBuffer<float> conv_in(conv_cm), conv_out(conv_per_slot);
+    ENCORE_OK(ops::kda_import_conv_state(conv.get(), num_slots, H, D, 1, conv_in.get(),
+                                         ops::KdaConvLayout::kChannelMajor, nullptr));
+    const auto c1 = conv.download();
+    for (std::int64_t c = 0; c < C; ++c)
+      for (int t = 0; t < 3; ++t)
+        ASSERT_EQ(c1[conv_per_slot + t * C + c], conv_cm[c * 3 + t]) << "tap " << t << " channel " << c;
+    EXPECT_TRUE(test::bitwise_equal(c1.data(), conv0.data(), conv_per_slot * 4));  // slot 0 untouched
+    EXPECT_TRUE(test::bitwise_equal(&c1[2 * conv_per_slot], &conv0[2 * conv_per_slot], 2 * conv_per_slot * 4));
+    ENCORE_OK(ops::kda_export_conv_state(conv.get(), num_slots, H, D, 1, conv_out.get(),
+                                         ops::KdaConvLayout::kChannelMajor, nullptr));
+    EXPECT_TRUE(test::bitwise_equal(conv_out.download().data(), conv_cm.data(), conv_per_slot * 4));
+    ENCORE_OK(ops::kda_export_conv_state(conv.get(), num_slots, H, D, 1, conv_out.get(), ops::KdaConvLayout::kTapMajor,
+                                         nullptr));
+    EXPECT_TRUE(test::bitwise_equal(conv_out.download().data(), &c1[conv_per_slot], conv_per_slot * 4));
+    DeviceBuffer<float> conv_tm(std::vector<float>(conv0.begin() + conv_per_slot, conv0.begin() + 2 * conv_per_slot));
+    ENCORE_OK(ops::kda_import_conv_state(conv.get(), num_slots, H, D, 1, conv_tm.get(), ops::KdaConvLayout::kTapMajor,
+                                         nullptr));  // back to the start values
+    EXPECT_TRUE(test::bitwise_equal(conv.download().data(), conv0.data(), conv0.size() * 4));
+
     const std::vector<int> reset = {3, -1, 1};
     DeviceBuffer<int> reset_ids(reset);
     ENCORE_OK(ops::kda_reset_slots(pool.get(), conv.get(), num_slots, H, D, reset_ids.get(), 3, nullptr));
@@ -401,6 +432,50 @@ TEST(KdaGpu, StateHelpers) {
         EXPECT_TRUE(test::bitwise_equal(&c2[s * conv_per_slot], &conv0[s * conv_per_slot], conv_per_slot * 4)) << s;
     }
   }
+}
+
+// A slot whose states are set from outside (recurrent state in [K][V], conv history channel-major)
+// steps exactly like the reference started from those states; a reset slot steps like a fresh one.
+TEST(KdaGpu, SetStatesThenStep) {
+  ENCORE_REQUIRE_GPU();
+  const std::uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  const int H = 2, D = 128, num_slots = 3;
+  Problem prob = test::kda::make_problem(H, D, 128, num_slots, rng);
+  DeviceProblem dev(prob, 2);
+  const std::int64_t per_slot = ops::kda_recurrent_state_floats_per_slot(H, D);
+  const std::int64_t conv_per_slot = ops::kda_conv_state_floats_per_slot(H, D), C = conv_per_slot / 3;
+  const auto kv = test::random_normal(per_slot, rng, 0.f, 0.05f);
+  const auto conv_cm = test::random_normal(conv_per_slot, rng);
+  DeviceBuffer<float> kv_dev(kv), conv_dev(conv_cm);
+  ENCORE_OK(ops::kda_import_state_kv(dev.recurrent_state.get(), num_slots, H, D, 1, kv_dev.get(), nullptr));
+  ENCORE_OK(ops::kda_import_conv_state(dev.conv_state.get(), num_slots, H, D, 1, conv_dev.get(),
+                                       ops::KdaConvLayout::kChannelMajor, nullptr));
+  const std::vector<int> reset_ids = {2};
+  DeviceBuffer<int> reset_dev(reset_ids);
+  ENCORE_OK(ops::kda_reset_slots(dev.recurrent_state.get(), dev.conv_state.get(), num_slots, H, D, reset_dev.get(), 1,
+                                 nullptr));
+  // The reference starts from the same states.
+  std::vector<float> vk(per_slot);
+  ref::kda_state_kv_to_vk(H, D, kv.data(), vk.data());
+  std::copy(vk.begin(), vk.end(), prob.ref_recurrent_state.begin() + per_slot);
+  for (std::int64_t c = 0; c < C; ++c)
+    for (int t = 0; t < 3; ++t) prob.ref_conv_state[conv_per_slot + t * C + c] = conv_cm[c * 3 + t];
+  std::fill_n(prob.ref_recurrent_state.begin() + 2 * per_slot, per_slot, 0.0);
+  std::fill_n(prob.ref_conv_state.begin() + 2 * conv_per_slot, conv_per_slot, 0.0);
+
+  const std::vector<int> slots = {2, 1};
+  for (int t = 0; t < 4; ++t) {
+    const auto proj = prob.random_proj(2, rng);
+    dev.upload_step(proj, slots);
+    dev.y.poison();
+    ENCORE_OK(ops::kda(dev.params(2), nullptr));
+    const auto y_ref = ref_step(prob, proj, slots);
+    EXPECT_LE(test::rel_l2(dev.y.download(), y_ref), kOneStepBound) << "step " << t;
+  }
+  EXPECT_LE(test::rel_l2(dev.recurrent_state.download(), prob.ref_recurrent_state), kOneStepBound);
+  expect_conv_state_exact(dev.conv_state.download(), prob.ref_conv_state);
 }
 
 }  // namespace

@@ -114,5 +114,22 @@ Status kda_import_state_kv(float* recurrent_state, int num_slots, int num_heads,
                            const float* state_kv, cudaStream_t stream);
 Status kda_export_state_kv(const float* recurrent_state, int num_slots, int num_heads, int head_dim, int slot,
                            float* state_kv, cudaStream_t stream);
+// The same in our own [H][V][K] layout (a plain copy of the slot).
+Status kda_import_state_vk(float* recurrent_state, int num_slots, int num_heads, int head_dim, int slot,
+                           const float* state_vk, cudaStream_t stream);
+Status kda_export_state_vk(const float* recurrent_state, int num_slots, int num_heads, int head_dim, int slot,
+                           float* state_vk, cudaStream_t stream);
+
+// Layout of one slot's conv history (3 raw inputs per channel, oldest first; channels q|k|v, 3*H*K).
+enum class KdaConvLayout {
+  kTapMajor,      // [3][3*H*K]: encore's pool layout (vLLM's order; widen its bf16 to fp32 first)
+  kChannelMajor,  // [3*H*K][3]: channel-major (fla-style [dim][W] caches: keep the 3 most recent inputs)
+};
+// Sets / reads one slot's conv history (`slot` is a host value). Together with reset and the
+// recurrent-state import, a slot's whole state can be set without a prefill.
+Status kda_import_conv_state(float* conv_state, int num_slots, int num_heads, int head_dim, int slot, const float* src,
+                             KdaConvLayout layout, cudaStream_t stream);
+Status kda_export_conv_state(const float* conv_state, int num_slots, int num_heads, int head_dim, int slot, float* dst,
+                             KdaConvLayout layout, cudaStream_t stream);
 
 }  // namespace encore::ops
