@@ -58,51 +58,33 @@ __global__ void __launch_bounds__(kBlockThreads) moe_prepare_kernel(const __grid
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) moe::prepare_tile(p, tile, smem);
 }
 
-// Persistent item loop: each block prefetches its first item, then before each item the item it
-// takes next (one item of lookahead in L2 per block).
-template <class Prefetch, class Body>
-__device__ __forceinline__ void item_loop(int items, Prefetch prefetch, Body body) {
-  if (int(blockIdx.x) < items) prefetch(int(blockIdx.x));
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    if (item + int(gridDim.x) < items) prefetch(item + int(gridDim.x));
-    body(item);
-  }
-}
-
-// Gate/up with the weight ring (one block per SM: two stages of 83 KB at hidden 2304), or, when
-// the stages do not fit, reading the rows from global memory (two blocks per SM, 128 registers).
-template <bool kRing>
-__global__ void __launch_bounds__(kBlockThreads, kRing ? 1 : 2) moe_gate_up_kernel(const __grid_constant__ ExpertsTileParams p, int stages) {
+// Gate/up: three blocks per SM (85 registers: two K blocks of both matrices in flight per lane);
+// each item's rows are pulled into L2 when it starts (a lookahead item per block would put
+// 2 x 396 x 83 KB in L2, more than it holds).
+__global__ void __launch_bounds__(kBlockThreads, 3) moe_gate_up_kernel(const __grid_constant__ ExpertsTileParams p) {
   extern __shared__ __align__(16) char smem[];
   device::wait_for_upstream();
   device::allow_downstream();
   const int items = *p.num_active * moe::gate_up_row_groups(p.inter);  // work list from the device
-  if constexpr (kRing) {
-    const std::uint32_t bytes = moe::gate_up_item_bytes(p.up_row_bytes);
-    const moe::WeightRing ring = moe::make_ring(smem, bytes, stages);
-    char* work = smem + moe::ring_smem_bytes(bytes, stages);
-    moe::ring_item_loop(
-        ring, items, bytes, [&](int item, char* dst, std::uint64_t* bar) { moe::issue_gate_up_item(p, item, dst, bar); },
-        [&](int item, const char* stage) { moe::gate_up_item<true>(p, item, work, stage); });
-  } else {
-    item_loop(items, [&](int item) { moe::prefetch_gate_up_item(p, item); },
-              [&](int item) { moe::gate_up_item<false>(p, item, smem, nullptr); });
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    moe::prefetch_gate_up_item(p, item);
+    moe::gate_up_item<2>(p, item, smem);
   }
 }
 
-// Down + combine with the weight ring: up to four stages of 18 KB (width 1024), two blocks per SM.
-__global__ void __launch_bounds__(kBlockThreads, 2) moe_down_kernel(const __grid_constant__ ExpertsTileParams p, int stages) {
+// Down + combine: three blocks per SM; each block prefetches its first item's rows, then before
+// each item the rows of the item it takes next (18 KB each at width 1024).
+__global__ void __launch_bounds__(kBlockThreads, 3) moe_down_kernel(const __grid_constant__ ExpertsTileParams p) {
   extern __shared__ __align__(16) char smem[];
   device::wait_for_upstream();
   device::allow_downstream();
   const int num_active = *p.num_active;
   const int items = num_active * moe::down_row_chunks(p.hidden);
-  const std::uint32_t bytes = moe::down_item_bytes(p.down_row_bytes);
-  const moe::WeightRing ring = moe::make_ring(smem, bytes, stages);
-  char* work = smem + moe::ring_smem_bytes(bytes, stages);
-  moe::ring_item_loop(
-      ring, items, bytes, [&](int item, char* dst, std::uint64_t* bar) { moe::issue_down_item(p, item, dst, bar); },
-      [&](int item, const char* stage) { moe::down_item<true>(p, item, num_active, work, stage); });
+  if (int(blockIdx.x) < items) moe::prefetch_down_item(p, blockIdx.x);
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    if (item + int(gridDim.x) < items) moe::prefetch_down_item(p, item + gridDim.x);
+    moe::down_item(p, item, num_active, smem);
+  }
 }
 
 // ---- helpers ------------------------------------------------------------------------------------
@@ -347,24 +329,10 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
       ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(outputs[o2].ptr, outputs[o2].bytes, outputs[o2].name, outputs[o].ptr,
                                                       outputs[o].bytes, outputs[o].name));
   }
-  // Shared memory: gate/up with a two- or one-stage ring if it fits, else the global-memory body;
-  // down with as many stages (<= 4) as leave two blocks per SM.
-  const std::size_t smem_limit = std::size_t(detail::max_shared_memory_per_block());
-  const std::size_t gate_up_work = moe::gate_up_smem_bytes(a.hidden / 256);
-  const std::uint32_t gate_up_stage = moe::gate_up_item_bytes(q4k::row_bytes(a.hidden));
-  int gate_up_stages = 0;
-  for (int s = 2; s >= 1 && gate_up_stages == 0; --s)
-    if (moe::ring_smem_bytes(gate_up_stage, s) + gate_up_work <= smem_limit) gate_up_stages = s;
-  const std::size_t gate_up_smem = gate_up_stages ? moe::ring_smem_bytes(gate_up_stage, gate_up_stages) + gate_up_work : gate_up_work;
-  const std::size_t down_work = moe::down_smem_bytes(a.inter / 256);
-  const std::uint32_t down_stage = moe::down_item_bytes(q4k::row_bytes(a.inter));
-  const std::size_t half_sm = smem_limit / 2 - 1024;  // two blocks per SM
-  int down_stages = 1;
-  while (down_stages < moe::kMaxRingStages && moe::ring_smem_bytes(down_stage, down_stages + 1) + down_work <= half_sm) ++down_stages;
-  const std::size_t down_smem = moe::ring_smem_bytes(down_stage, down_stages) + down_work;
+  const std::size_t gate_up_smem = moe::gate_up_smem_bytes(a.hidden / 256), down_smem = moe::down_smem_bytes(a.inter / 256);
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
-  ENCORE_REQUIRE(gate_up_smem <= smem_limit && down_smem <= smem_limit, StatusCode::kUnsupported, op, ": hidden = ", a.hidden,
-                 " needs ", std::max(gate_up_smem, down_smem), " bytes of shared memory per block");
+  ENCORE_REQUIRE(gate_up_smem <= std::size_t(detail::max_shared_memory_per_block()), StatusCode::kUnsupported, op,
+                 ": hidden = ", a.hidden, " needs ", gate_up_smem, " bytes of shared memory per block");
 
   char* ws = static_cast<char*>(a.workspace);
   ExpertsTileParams p{};
@@ -406,17 +374,10 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
                                         "moe prepare kernel", p, prepare));
   const std::int64_t max_active = std::min<std::int64_t>(a.num_experts, std::int64_t(a.max_batch) * a.top_k) + a.num_shared;
   int grid = 0;
-  const std::int64_t gate_up_items = max_active * moe::gate_up_row_groups(a.inter);
-  if (gate_up_stages) {
-    ENCORE_RETURN_IF_ERROR(persistent_grid(moe_gate_up_kernel<true>, gate_up_smem, gate_up_items, grid));
-    ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel<true>, grid, gate_up_smem, stream, true, "moe gate/up kernel", p,
-                                          gate_up_stages));
-  } else {
-    ENCORE_RETURN_IF_ERROR(persistent_grid(moe_gate_up_kernel<false>, gate_up_smem, gate_up_items, grid));
-    ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel<false>, grid, gate_up_smem, stream, true, "moe gate/up kernel", p, 0));
-  }
+  ENCORE_RETURN_IF_ERROR(persistent_grid(moe_gate_up_kernel, gate_up_smem, max_active * moe::gate_up_row_groups(a.inter), grid));
+  ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel, grid, gate_up_smem, stream, true, "moe gate/up kernel", p));
   ENCORE_RETURN_IF_ERROR(persistent_grid(moe_down_kernel, down_smem, max_active * moe::down_row_chunks(a.hidden), grid));
-  return detail::launch(moe_down_kernel, grid, down_smem, stream, true, "moe down kernel", p, down_stages);
+  return detail::launch(moe_down_kernel, grid, down_smem, stream, true, "moe down kernel", p);
 }
 
 }  // namespace encore::ops

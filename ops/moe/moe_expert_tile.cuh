@@ -13,11 +13,11 @@
 //                  row chunk to finish (an integer counter) combines it: per token, in ascending
 //                  expert id (shared last), x[t][row] += sum_j w_j * y[entry_j][row]. One owner
 //                  per output element, no float atomics.
-// Weights stream through a ring of shared-memory stages filled by bulk copies (moe_weight_ring.cuh):
-// a block keeps its next items' rows in flight while it computes, and reads each row from HBM
-// once however many token passes use it. When the stages do not fit (large hidden), the same
-// bodies read the rows from global memory with a one-item L2 prefetch ahead. A (row, token) dot product runs the same code in the same order
-// whatever the batch, so a token's output is bitwise independent of the other tokens.
+// Items are short (one expert's 32 rows) and the Q4_K decode + dot costs instructions per weight
+// byte, so the kernels favour warps per SM: several blocks per SM, each item's rows pulled into L2
+// by one bulk prefetch when it starts (down: also the next item's), registers for the loads.
+// A (row, token) dot product runs the same code in the same order whatever the batch, so a
+// token's output is bitwise independent of the other tokens.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +27,6 @@
 #include "common/launch.cuh"
 #include "gemv/activation_q8.cuh"
 #include "gemv/q4k_dot.cuh"
-#include "moe/moe_weight_ring.cuh"
 
 namespace encore::moe {
 
@@ -227,20 +226,10 @@ __device__ __forceinline__ void stage_activations(char* act, int k_blocks, int c
     reinterpret_cast<uint4*>(act)[i] = reinterpret_cast<const uint4*>(src(i / words_per_token))[i % words_per_token];
 }
 
-// A Q4_K block as one lane sees it, from shared memory (kSmem: the ring) or global memory.
-template <bool kSmem>
-__device__ __forceinline__ gemv::LaneBlock load_block(const char* block, int chunk) {
-  if constexpr (kSmem) {
-    return {*reinterpret_cast<const uint4*>(block), *reinterpret_cast<const uint4*>(block + 16 + 16 * chunk)};
-  } else {
-    return gemv::load_lane_block(block, chunk);
-  }
-}
-
 // This lane's row . act[t] for kMats matrices (rows at w[m], k_blocks Q4_K blocks each) and
 // `count` staged tokens, reduced over the 8-lane group: lane `chunk` covers qs chunk `chunk` of
 // every block. kUnroll blocks of every matrix are loaded together.
-template <int kMats, int kUnroll, bool kSmem>
+template <int kMats, int kUnroll>
 __device__ __forceinline__ void rows_dot_tokens(const char* const (&w)[kMats], int k_blocks, const char* act, int count,
                                                 int chunk, float (&acc)[kMats][kTokensPerPass]) {
 #pragma unroll
@@ -253,7 +242,7 @@ __device__ __forceinline__ void rows_dot_tokens(const char* const (&w)[kMats], i
     for (int u = 0; u < kUnroll; ++u)
       if (j0 + u < k_blocks)
 #pragma unroll
-        for (int m = 0; m < kMats; ++m) blocks[u][m] = load_block<kSmem>(w[m] + (j0 + u) * q4k::kBlockBytes, chunk);
+        for (int m = 0; m < kMats; ++m) blocks[u][m] = gemv::load_lane_block(w[m] + (j0 + u) * q4k::kBlockBytes, chunk);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int j = j0 + u;
@@ -318,11 +307,10 @@ __device__ __forceinline__ void prefetch_gate_up_item(const ExpertsTileParams& p
                 kRowsPerItem * p.up_row_bytes);
 }
 
-// Item = (active expert, 32-row group). `stage`: the item's 32 gate then 32 up rows in shared
-// memory (the ring), or null to read them from global memory. `smem`: activations, silu(g)*u and
-// the quantiser scratch.
-template <bool kSmem>
-__device__ inline void gate_up_item(const ExpertsTileParams& p, int item, char* smem, const char* stage) {
+// Item = (active expert, 32-row group). `smem`: activations, silu(g)*u, the quantiser scratch.
+// kUnroll: K blocks of both matrices loaded together per lane.
+template <int kUnroll>
+__device__ inline void gate_up_item(const ExpertsTileParams& p, int item, char* smem) {
   const int row_groups = gate_up_row_groups(p.inter);
   const int a = item / row_groups, row_group = item % row_groups;
   const int expert = p.active[a];
@@ -331,9 +319,8 @@ __device__ inline void gate_up_item(const ExpertsTileParams& p, int item, char* 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunk = lane % 8, row_in_item = warp * 4 + lane / 8;
   const std::int64_t row = std::int64_t(row_group) * kRowsPerItem + row_in_item;
-  const char* const w[2] = {
-      kSmem ? stage + row_in_item * p.up_row_bytes : p.gate + expert * p.up_matrix_bytes + row * p.up_row_bytes,
-      kSmem ? stage + (kRowsPerItem + row_in_item) * p.up_row_bytes : p.up + expert * p.up_matrix_bytes + row * p.up_row_bytes};
+  const char* const w[2] = {p.gate + expert * p.up_matrix_bytes + row * p.up_row_bytes,
+                            p.up + expert * p.up_matrix_bytes + row * p.up_row_bytes};
   const int hb = p.hidden_blocks;
   char* act = smem;
   float* mid = reinterpret_cast<float*>(smem + act_stage_bytes(hb));                       // [8][32]
@@ -347,7 +334,7 @@ __device__ inline void gate_up_item(const ExpertsTileParams& p, int item, char* 
     });
     __syncthreads();
     float acc[2][kTokensPerPass];
-    rows_dot_tokens<2, 4, kSmem>(w, hb, act, count, chunk, acc);
+    rows_dot_tokens<2, kUnroll>(w, hb, act, count, chunk, acc);
 #pragma unroll
     for (int t = 0; t < kTokensPerPass; ++t)
       if (t < count && chunk == t) {
@@ -361,18 +348,6 @@ __device__ inline void gate_up_item(const ExpertsTileParams& p, int item, char* 
       quantize_sub_block(mid + warp * kRowsPerItem, row_group % 8, scratch,
                          p.act_mid + ((pass + warp) * std::int64_t(p.inter_blocks) + row_group / 8) * gemv::kActBlockBytes);
   }
-}
-
-// Bulk copies of an item's 32 gate and 32 up rows (each contiguous) into a ring stage.
-__host__ __device__ inline std::uint32_t gate_up_item_bytes(std::int64_t up_row_bytes) {
-  return std::uint32_t(2 * kRowsPerItem * up_row_bytes);
-}
-__device__ __forceinline__ void issue_gate_up_item(const ExpertsTileParams& p, int item, char* dst, std::uint64_t* bar) {
-  const int row_groups = gate_up_row_groups(p.inter);
-  const std::int64_t offset = p.active[item / row_groups] * p.up_matrix_bytes + std::int64_t(item % row_groups) * kRowsPerItem * p.up_row_bytes;
-  const std::uint32_t bytes = std::uint32_t(kRowsPerItem * p.up_row_bytes);
-  bulk_copy_to_smem(dst, p.gate + offset, bytes, bar);
-  bulk_copy_to_smem(dst + bytes, p.up + offset, bytes, bar);
 }
 
 // ---- down + combine -----------------------------------------------------------------------------
@@ -395,9 +370,15 @@ __device__ inline void combine_chunk(const ExpertsTileParams& p, int chunk_index
   }
 }
 
-// Item = (active expert, 32 output rows); `stage`: the item's rows in shared memory, or null.
-template <bool kSmem>
-__device__ inline void down_item(const ExpertsTileParams& p, int item, int num_active, char* smem, const char* stage) {
+// An item's 32 down rows are contiguous: one bulk L2 prefetch (thread 0).
+__device__ __forceinline__ void prefetch_down_item(const ExpertsTileParams& p, int item) {
+  const int chunks = down_row_chunks(p.hidden);
+  const std::int64_t rows_bytes = kRowsPerItem * p.down_row_bytes;
+  if (threadIdx.x == 0) prefetch_l2(p.down + p.active[item / chunks] * p.down_matrix_bytes + (item % chunks) * rows_bytes, rows_bytes);
+}
+
+// Item = (active expert, 32 output rows).
+__device__ inline void down_item(const ExpertsTileParams& p, int item, int num_active, char* smem) {
   const int chunks = down_row_chunks(p.hidden);
   const int a = item / chunks, chunk_index = item % chunks;
   const int expert = p.active[a];
@@ -406,8 +387,7 @@ __device__ inline void down_item(const ExpertsTileParams& p, int item, int num_a
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunk = lane % 8, row_in_item = warp * 4 + lane / 8;
   const std::int64_t row = std::int64_t(chunk_index) * kRowsPerItem + row_in_item;
-  const char* const w[1] = {kSmem ? stage + row_in_item * p.down_row_bytes
-                                  : p.down + expert * p.down_matrix_bytes + row * p.down_row_bytes};
+  const char* const w[1] = {p.down + expert * p.down_matrix_bytes + row * p.down_row_bytes};
   const int ib = p.inter_blocks;
   for (int pass = first; pass < end; pass += kTokensPerPass) {
     const int count = min(kTokensPerPass, end - pass);
@@ -415,7 +395,7 @@ __device__ inline void down_item(const ExpertsTileParams& p, int item, int num_a
     stage_activations(smem, ib, count, [&](int i) { return p.act_mid + std::int64_t(pass + i) * ib * gemv::kActBlockBytes; });
     __syncthreads();
     float acc[1][kTokensPerPass];
-    rows_dot_tokens<1, 4, kSmem>(w, ib, smem, count, chunk, acc);
+    rows_dot_tokens<1, 4>(w, ib, smem, count, chunk, acc);
 #pragma unroll
     for (int t = 0; t < kTokensPerPass; ++t)
       if (t < count && chunk == t) p.y[(pass + t) * std::int64_t(p.hidden) + row] = acc[0][t];
@@ -435,16 +415,6 @@ __device__ inline void down_item(const ExpertsTileParams& p, int item, int num_a
     combine_chunk(p, chunk_index);
     if (threadIdx.x == 0) p.chunk_done[chunk_index] = 0;  // ready for the next step
   }
-}
-
-__host__ __device__ inline std::uint32_t down_item_bytes(std::int64_t down_row_bytes) {
-  return std::uint32_t(kRowsPerItem * down_row_bytes);
-}
-__device__ __forceinline__ void issue_down_item(const ExpertsTileParams& p, int item, char* dst, std::uint64_t* bar) {
-  const int chunks = down_row_chunks(p.hidden);
-  const std::int64_t rows_bytes = kRowsPerItem * p.down_row_bytes;
-  bulk_copy_to_smem(dst, p.down + p.active[item / chunks] * p.down_matrix_bytes + (item % chunks) * rows_bytes,
-                    std::uint32_t(rows_bytes), bar);
 }
 
 }  // namespace encore::moe

@@ -389,12 +389,12 @@ TEST(MoeExpertsGpu, SmallE8K2MatchesReference) {
   check_batch_invariance(m, 64, all);
   ExpertModel no_shared({8, 0, 2, 512, 256}, seed + 1);
   for (int batch : {1, 2, 7, 8, 9, 31, 32, 33, 64}) check_against_reference(no_shared, batch, true);
-  // Gate/up weight ring with one stage (hidden 3072), and the global-memory body when not even
-  // one stage fits (hidden 5120); down width 2048 (two-stage down ring).
-  ExpertModel one_stage({8, 1, 2, 3072, 256}, seed + 2);
-  for (int batch : {1, 9}) check_against_reference(one_stage, batch, true);
-  ExpertModel no_ring({8, 1, 2, 5120, 2048}, seed + 3);
-  for (int batch : {1, 9}) check_against_reference(no_ring, batch, true);
+  // Wider shapes: hidden 3072 and 5120 (12 and 20 K blocks: partial unroll groups in gate/up),
+  // down width 2048 (8 K blocks: two load rounds in the down body).
+  ExpertModel wide({8, 1, 2, 3072, 256}, seed + 2);
+  for (int batch : {1, 9}) check_against_reference(wide, batch, true);
+  ExpertModel wider({8, 1, 2, 5120, 2048}, seed + 3);
+  for (int batch : {1, 9}) check_against_reference(wider, batch, true);
 }
 
 // Pad rows (slot_ids < 0, ids -1 as the router writes them): no work, x untouched bitwise, no
