@@ -27,7 +27,7 @@
 #include <encore/ops/mla.h>
 
 #include "bench_util.h"
-#include "mla/mla_splitkv_tile.cuh"
+#include "mla/mla_splitkv_kernel.cuh"
 
 namespace encore {
 namespace {
@@ -64,26 +64,17 @@ enum Mode { kAttention = 0, kSplitKvOnly = 1, kSchedOnly = 2, kBulkCopy = 3, kLo
 // The split-KV kernel with another variant of the body (mla_splitkv_tile.cuh): for the account of
 // the time only (loads-only and compute-only give meaningless outputs).
 template <mla::SplitKvVariant V>
-__global__ void __launch_bounds__(kBlockThreads, 1) splitkv_variant_kernel(const __grid_constant__ MlaAttentionParams p) {
-  extern __shared__ __align__(128) char smem[];
-  for (int tile = blockIdx.x; tile < p.num_parts * mla::head_groups(p.num_heads); tile += gridDim.x) {
-    mla::mla_splitkv_tile<V>(p, tile, smem);
-    __syncthreads();
-  }
-}
-
-template <mla::SplitKvVariant V>
 void launch_variant(const MlaAttentionParams& p, cudaStream_t st) {
   const std::size_t smem = mla::mla_splitkv_smem_bytes();
-  splitkv_variant_kernel<V><<<mla_splitkv_num_tiles(p), kBlockThreads, smem, st>>>(p);
+  mla::mla_splitkv_kernel<V><<<mla_splitkv_num_tiles(p), kBlockThreads, smem, st>>>(p);
   BENCH_CUDA(cudaGetLastError());
 }
 
 void set_variant_smem() {
   const int smem = int(mla::mla_splitkv_smem_bytes());
-  BENCH_CUDA(cudaFuncSetAttribute(splitkv_variant_kernel<mla::SplitKvVariant::kBulk>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  BENCH_CUDA(cudaFuncSetAttribute(splitkv_variant_kernel<mla::SplitKvVariant::kLoadsOnly>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  BENCH_CUDA(cudaFuncSetAttribute(splitkv_variant_kernel<mla::SplitKvVariant::kComputeOnly>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  BENCH_CUDA(cudaFuncSetAttribute(mla::mla_splitkv_kernel<mla::SplitKvVariant::kBulk>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  BENCH_CUDA(cudaFuncSetAttribute(mla::mla_splitkv_kernel<mla::SplitKvVariant::kLoadsOnly>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  BENCH_CUDA(cudaFuncSetAttribute(mla::mla_splitkv_kernel<mla::SplitKvVariant::kComputeOnly>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
 }
 
 void BM_MlaDecode(benchmark::State& state) {

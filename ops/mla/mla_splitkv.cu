@@ -3,23 +3,9 @@
 
 #include "common/cuda_check.h"
 #include "common/launch.cuh"
-#include "mla/mla_splitkv_tile.cuh"
+#include "mla/mla_splitkv_kernel.cuh"
 
 namespace encore::ops {
-namespace {
-
-__global__ void __launch_bounds__(kBlockThreads, 1) mla_splitkv_kernel(const __grid_constant__ MlaAttentionParams p) {
-  extern __shared__ __align__(128) char smem[];
-  encore::device::wait_for_upstream();
-  encore::device::allow_downstream();  // the combine's own wait still covers all of this grid
-  const int tiles = p.num_parts * mla::head_groups(p.num_heads);
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    mla::mla_splitkv_tile(p, tile, smem);
-    __syncthreads();
-  }
-}
-
-}  // namespace
 
 int mla_splitkv_num_tiles(const MlaAttentionParams& p) { return p.num_parts * mla::head_groups(p.num_heads); }
 
@@ -30,7 +16,7 @@ Status mla_splitkv(const MlaAttentionParams& p, cudaStream_t stream) {
   ENCORE_REQUIRE(smem <= std::size_t(detail::max_shared_memory_per_block()), StatusCode::kUnsupported,
                  "mla_splitkv: needs ", smem, " bytes of shared memory per block; the device offers ",
                  detail::max_shared_memory_per_block());
-  return detail::launch(mla_splitkv_kernel, mla_splitkv_num_tiles(p), smem, stream, true, "mla_splitkv_kernel", p);
+  return detail::launch(mla::mla_splitkv_kernel<>, mla_splitkv_num_tiles(p), smem, stream, true, "mla_splitkv_kernel", p);
 }
 
 }  // namespace encore::ops

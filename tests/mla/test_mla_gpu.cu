@@ -16,7 +16,7 @@
 #include <encore/ops/mla.h>
 #include <encore/ref/mla.h>
 
-#include "mla/mla_splitkv_tile.cuh"
+#include "mla/mla_splitkv_kernel.cuh"
 #include "test_util.h"
 
 namespace encore {
@@ -345,23 +345,13 @@ TEST(MlaGpu, OneSplitMatchesManySplitsAndReplaysAreBitIdentical) {
   many.check(false, false);
 }
 
-// The split-KV body with another page-copy variant (bulk row copies instead of 16-byte cp.async).
-template <mla::SplitKvVariant V>
-__global__ void __launch_bounds__(kBlockThreads, 1) splitkv_variant_kernel(const __grid_constant__ MlaAttentionParams p) {
-  extern __shared__ __align__(128) char smem[];
-  for (int tile = blockIdx.x; tile < p.num_parts * mla::head_groups(p.num_heads); tile += gridDim.x) {
-    mla::mla_splitkv_tile<V>(p, tile, smem);
-    __syncthreads();
-  }
-}
-
 // Both copy paths feed the same math: outputs must agree bit for bit (tail pages, a pad row,
 // many splits, head groups).
 TEST(MlaGpu, BulkCopyVariantMatchesCpAsyncBitwise) {
   ENCORE_REQUIRE_GPU();
   constexpr auto kVariant = mla::SplitKvVariant::kBulk;
   const int smem = int(mla::mla_splitkv_smem_bytes());
-  CUDA_OK(cudaFuncSetAttribute(splitkv_variant_kernel<kVariant>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CUDA_OK(cudaFuncSetAttribute(mla::mla_splitkv_kernel<kVariant>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   for (int heads : {32, 128}) {
     MlaRig rig({700, 130, 65, 0, 1, 64}, heads, mla_rope_none(), kMlaScaleKimi);
     rig.poison_outputs();
@@ -369,7 +359,7 @@ TEST(MlaGpu, BulkCopyVariantMatchesCpAsyncBitwise) {
     const std::vector<float> op = rig.check(true, false), op_lse = rig.d_lse.download();
     for (auto* b : {&rig.d_olat, &rig.d_lse, &rig.d_po, &rig.d_plse}) b->poison();
     const MlaAttentionParams p = rig.attention_params();
-    splitkv_variant_kernel<kVariant><<<mla_splitkv_num_tiles(p), kBlockThreads, smem>>>(p);
+    mla::mla_splitkv_kernel<kVariant><<<mla_splitkv_num_tiles(p), kBlockThreads, smem>>>(p);
     CUDA_OK(cudaGetLastError());
     ENCORE_OK(mla_combine(p, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
