@@ -1,1 +1,7 @@
-list(APPEND ENCORE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_config.cpp)
+list(APPEND ENCORE_SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/model_config.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/tensor_arena.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/weight_layout.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/buffer_layout.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/stage_params.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/stage_list.cpp)

@@ -1,0 +1,51 @@
+// The per-step device memory of the decode pipeline (shared/specs/model.md §3), sized for a maximum
+// batch, and the state pools, sized for the slots and cache pages an engine wants resident.
+//
+// Step arena ("buffers"), reused by every layer (stages of one step run in order):
+//   step.token_ids / positions / seq_lens / slot_ids  int32 [B]     StepInputs (pad row: slot < 0, len 0)
+//   step.block_table   int32 [B][max_pages_per_seq]                  MLA pages of each sequence
+//   x                  fp32 [B][hidden]   residual stream
+//   h                  fp32 [B][hidden]   post-attention RMSNorm output, the MoE input
+//   kda.proj           fp32 [B][kda_proj_stride]   [q | k | v | f_a | g_a | b] (kda.h row layout)
+//   kda.y              fp32 [B][H*V]
+//   mla.proj           fp32 [B][mla_proj_stride]   [q (or q_a) | kv_a]
+//   mla.q              fp32 [B][H*192]    q LoRA configs only: q_b output
+//   mla.q576 bf16, mla.o_lat, mla.lse, mla.partial_o, mla.partial_lse, mla.sched_meta,
+//   mla.num_splits, mla.v_out            shapes as in ops/mla.h (partials: B + num_parts rows)
+//   mlp.mid            fp32 [B][dense_width]   dense layers only
+//   moe.router_ws, moe.experts_ws        sized by the MoE op's own workspace queries
+//   moe.topk_ids int32 / moe.topk_weights fp32 [B][top_k]
+//   logits             fp32 [B][vocab]
+//   flags.mla, flags.moe                 int32 error flags (sticky; the host reads them after a step)
+// State arena: per KDA layer "blk.N.kda_recurrent" fp32 [slots][H][V][K] and "blk.N.kda_conv"
+// fp32 [slots][3][3*H*K]; per MLA layer "blk.N.mla_cache" bf16 [pages][64][576] (one block table
+// serves all MLA layers: a sequence uses the same page ids in each layer's pool).
+#pragma once
+
+#include <cstdint>
+
+#include <encore/pipeline/model_config.h>
+#include <encore/pipeline/tensor_arena.h>
+
+namespace encore::pipeline {
+
+struct BufferOptions {
+  int max_batch = 16;           // 1..16 (the Q4_K GEMV's kMaxGemvBatch)
+  int max_slots = 16;           // KDA state slots resident
+  int max_pages = 64;           // MLA cache pages per MLA layer (64 tokens each)
+  int max_pages_per_seq = 64;   // block table row length: context capacity = 64 * this
+  int mla_num_parts = 0;        // split-KV scheduler parts: ops::mla_num_parts(heads) on the device
+                                // the pipeline runs on (it reads the SM count, so the caller passes it)
+};
+
+// Floats per row of the projection buffers (rounded up to a multiple of 4 for the ops' strides).
+std::int64_t kda_proj_stride(const ModelConfig& c);
+std::int64_t mla_proj_stride(const ModelConfig& c);
+// Columns of mla.proj before kv_a: heads * 192, or q_lora_rank.
+std::int64_t mla_q_columns(const ModelConfig& c);
+
+Status validate(const BufferOptions& o);
+Status build_buffer_layout(const ModelConfig& c, const BufferOptions& o, TensorArena& buffers);
+Status build_state_layout(const ModelConfig& c, const BufferOptions& o, TensorArena& state);
+
+}  // namespace encore::pipeline

@@ -1,0 +1,31 @@
+#include <encore/pipeline/stage_params.h>
+
+#include "common/cuda_check.h"
+
+namespace encore::pipeline {
+
+Status validate(const EmbedParams& p) {
+  ENCORE_REQUIRE(p.vocab >= 1 && p.batch >= 1 && p.hidden >= 4 && p.hidden % 4 == 0, StatusCode::kInvalidArgument,
+                 "embed: vocab and batch must be >= 1 and hidden a positive multiple of 4 (got ", p.vocab, ", ", p.batch,
+                 ", ", p.hidden, ")");
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.table, 16, "embed: table"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.token_ids, 4, "embed: token_ids"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.x, 16, "embed: x"));
+  const std::size_t x_bytes = std::size_t(p.batch) * p.hidden * 4;
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.table, std::size_t(p.vocab) * p.hidden * 2, "table", p.x, x_bytes, "x"));
+  return detail::check_no_overlap(p.token_ids, std::size_t(p.batch) * 4, "token_ids", p.x, x_bytes, "x");
+}
+
+Status validate(const RmsNormParams& p) {
+  ENCORE_REQUIRE(p.batch >= 1 && p.k >= 4 && p.k % 4 == 0, StatusCode::kInvalidArgument,
+                 "rmsnorm: batch must be >= 1 and k a positive multiple of 4 (got ", p.batch, ", ", p.k, ")");
+  ENCORE_REQUIRE(p.eps > 0.f, StatusCode::kInvalidArgument, "rmsnorm: eps must be positive");
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.x, 16, "rmsnorm: x"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.gamma, 16, "rmsnorm: gamma"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.out, 16, "rmsnorm: out"));
+  const std::size_t rows = std::size_t(p.batch) * p.k * 4;
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.x, rows, "x", p.out, rows, "out"));
+  return detail::check_no_overlap(p.gamma, std::size_t(p.k) * 4, "gamma", p.out, rows, "out");
+}
+
+}  // namespace encore::pipeline
