@@ -214,6 +214,65 @@ TEST(StageList, EveryPointerInsideItsArena) {
   }
 }
 
+// The weight bytes each stage reads, from the op contracts in ops/*.h (not from the layout).
+std::vector<std::pair<const void*, std::int64_t>> weight_spans(const Stage& s, const ModelConfig& c) {
+  const StageParams& p = s.params;
+  const std::int64_t H = c.kda.heads, D = c.kda.head_dim, P = H * D, R = c.kda.gate_rank;
+  const std::int64_t kv_b = std::int64_t(c.mla.heads) * ops::kMlaKvbRowsPerHead * ops::kMlaLatentDim * 2;
+  switch (s.kind) {
+    case StageKind::kEmbed: return {{p.embed.table, std::int64_t(p.embed.vocab) * p.embed.hidden * 2}};
+    case StageKind::kRmsNorm: return {{p.rmsnorm.gamma, p.rmsnorm.k * 4}};
+    case StageKind::kRmsNormGemv: {
+      const auto& g = p.rms_gemv;
+      return {{g.weight, g.n * q4k::row_bytes(g.k)}, {g.gamma, g.k * 4}};
+    }
+    case StageKind::kGemv: return {{p.gemv.weight, p.gemv.n * q4k::row_bytes(p.gemv.k)}};
+    case StageKind::kGateUpGemv: {
+      const auto& g = p.gate_up;
+      return {{g.gate, g.n * q4k::row_bytes(g.k)}, {g.up, g.n * q4k::row_bytes(g.k)}, {g.gamma, g.k * 4}};
+    }
+    case StageKind::kKda: {
+      const auto& k = p.kda;
+      return {{k.conv_weight, 3 * P * ops::kKdaConvTaps * 4}, {k.A_log, H * 4}, {k.dt_bias, P * 4},
+              {k.f_b_weight, P * R * 2}, {k.g_b_weight, P * R * 2}, {k.o_norm_weight, D * 4}};
+    }
+    case StageKind::kMlaQAbsorb: return {{p.mla_q_absorb.kv_b, kv_b}};
+    case StageKind::kMlaVUp: return {{p.mla_v_up.kv_b, kv_b}};
+    case StageKind::kMlaKvAppend: return {{p.mla_kv_append.norm_weight, ops::kMlaLatentDim * 4}};
+    case StageKind::kMoeRouter: {
+      const auto& r = p.moe_router;
+      return {{r.weight, std::int64_t(r.config.num_experts) * r.hidden * 2}, {r.bias, r.bias ? r.config.num_experts * 4 : 0}};
+    }
+    case StageKind::kMoeExperts: {
+      const auto& e = p.moe_experts;
+      const std::int64_t stack = std::int64_t(e.num_experts + e.num_shared) * q4k::row_bytes(e.hidden) * e.inter;
+      return {{e.gate, stack}, {e.up, stack}, {e.down, stack}};
+    }
+    default: return {};
+  }
+}
+
+// Every weight byte is read by some stage, and every read starts and ends on tensor boundaries:
+// no tensor is forgotten, no GEMV runs past its rows.
+TEST(StageList, StagesReadEveryWeightTensorOnItsBoundaries) {
+  for (const ModelConfig& c : {ModelConfig::kimi_linear_48b(), ModelConfig::tiny(false), ModelConfig::tiny(true)}) {
+    const Built b(c);
+    const auto w0 = reinterpret_cast<std::uintptr_t>(b.bases.weights);
+    std::map<std::int64_t, std::int64_t> starts, ends;  // tensor offset -> end, tensor end -> offset
+    for (const TensorInfo& t : b.weights.tensors()) starts[t.offset] = t.offset + t.bytes, ends[t.offset + t.bytes] = t.offset;
+    std::map<std::int64_t, int> reads;  // tensor offset -> spans starting there
+    for (const Stage& s : b.stages)
+      for (const auto& [ptr, bytes] : weight_spans(s, c)) {
+        if (!ptr) continue;
+        const auto at = std::int64_t(reinterpret_cast<std::uintptr_t>(ptr) - w0);
+        EXPECT_TRUE(starts.count(at)) << c.name << " layer " << s.layer << ": a read starts inside a tensor";
+        EXPECT_TRUE(ends.count(at + bytes)) << c.name << " layer " << s.layer << ": a read ends inside a tensor";
+        for (auto it = starts.find(at); it != starts.end() && it->first < at + bytes; ++it) ++reads[it->first];
+      }
+    for (const TensorInfo& t : b.weights.tensors()) EXPECT_GT(reads[t.offset], 0) << c.name << " " << t.name << " is never read";
+  }
+}
+
 TEST(StageList, KimiStagesPassTheOpValidators) {
   const Built b(ModelConfig::kimi_linear_48b());
   for (std::size_t i = 0; i < b.stages.size(); ++i) {
