@@ -6,7 +6,12 @@
 #include <encore/ops/mla.h>
 #include <encore/ops/moe.h>
 #include <encore/ops/q4k_gemv.h>
+#include <encore/pipeline/buffer_layout.h>
 #include <encore/pipeline/model_config.h>
+#include <encore/pipeline/stage_list.h>
+#include <encore/pipeline/stage_params.h>
+#include <encore/pipeline/tensor_arena.h>
+#include <encore/pipeline/weight_layout.h>
 #include <encore/q4k.h>
 #include <encore/ref/kda.h>
 #include <encore/ref/mla.h>
