@@ -239,11 +239,11 @@ Status validate_stage(const Stage& s) {
     case StageKind::kMlaSplitKv:
     case StageKind::kMlaCombine: return ops::mla_validate(p.mla_attention);
     case StageKind::kMlaVUp: return ops::mla_validate(p.mla_v_up);
-    case StageKind::kMoeRouter: return ops::validate_routing_config(p.moe_router.config);
-    case StageKind::kRmsNormGemv:
-    case StageKind::kGemv:
-    case StageKind::kGateUpGemv:
-    case StageKind::kMoeExperts: return {};  // validated inside their launchers only
+    case StageKind::kMoeRouter: return ops::moe_router_validate(p.moe_router);
+    case StageKind::kMoeExperts: return ops::moe_experts_validate(p.moe_experts);
+    case StageKind::kRmsNormGemv: return ops::rmsnorm_q4k_gemv_validate(p.rms_gemv);
+    case StageKind::kGemv: return ops::q4k_gemv_validate(p.gemv);
+    case StageKind::kGateUpGemv: return ops::gate_up_q4k_gemv_validate(p.gate_up);
   }
   return Status(StatusCode::kInvalidArgument, "stage: unknown kind");
 }

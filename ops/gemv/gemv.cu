@@ -140,6 +140,10 @@ struct Shape {
   std::int64_t x_stride, out_stride;
 };
 
+Shape shape_of(const Q4kGemvParams& a) { return {a.n, a.k, a.batch, a.x_stride ? a.x_stride : a.k, a.y_stride ? a.y_stride : a.n}; }
+Shape shape_of(const RmsNormQ4kGemvParams& a) { return {a.n, a.k, a.batch, a.x_stride ? a.x_stride : a.k, a.y_stride ? a.y_stride : a.n}; }
+Shape shape_of(const GateUpQ4kGemvParams& a) { return {a.n, a.k, a.batch, a.x_stride ? a.x_stride : a.k, a.h_stride ? a.h_stride : a.n}; }
+
 Status validate_shape(const char* op, const Shape& s) {
   ENCORE_REQUIRE(s.k >= 256 && s.k % 256 == 0, StatusCode::kInvalidArgument, op, ": k must be a positive multiple of 256 (got ", s.k, ")");
   ENCORE_REQUIRE(s.k <= (std::int64_t(1) << 22), StatusCode::kInvalidArgument, op, ": k = ", s.k, " exceeds 4M");
@@ -202,13 +206,17 @@ GemvTileParams base_params(const Shape& s, const float* x, const float* gamma, f
 
 }  // namespace
 
-Status q4k_gemv(const Q4kGemvParams& a, cudaStream_t stream, GemvLaunch options) {
-  const Shape s{a.n, a.k, a.batch, a.x_stride ? a.x_stride : a.k, a.y_stride ? a.y_stride : a.n};
+Status q4k_gemv_validate(const Q4kGemvParams& a) {
+  const Shape s = shape_of(a);
   ENCORE_RETURN_IF_ERROR(validate_shape("q4k_gemv", s));
   const void* w[] = {a.weight};
   float* outs[] = {a.y};
-  ENCORE_RETURN_IF_ERROR(validate_io("q4k_gemv: weight", s, w, 1, a.x, nullptr, outs, 1, a.residual, nullptr));
-  GemvTileParams p = base_params(s, a.x, nullptr, 0.f);
+  return validate_io("q4k_gemv: weight", s, w, 1, a.x, nullptr, outs, 1, a.residual, nullptr);
+}
+
+Status q4k_gemv(const Q4kGemvParams& a, cudaStream_t stream, GemvLaunch options) {
+  ENCORE_RETURN_IF_ERROR(q4k_gemv_validate(a));
+  GemvTileParams p = base_params(shape_of(a), a.x, nullptr, 0.f);
   p.mat[0] = reinterpret_cast<const char*>(a.weight);
   p.out[0] = a.y;
   p.residual = a.residual;
@@ -216,15 +224,19 @@ Status q4k_gemv(const Q4kGemvParams& a, cudaStream_t stream, GemvLaunch options)
   return launch_gemv(p, 1, stream, options);
 }
 
-Status rmsnorm_q4k_gemv(const RmsNormQ4kGemvParams& a, cudaStream_t stream, GemvLaunch options) {
-  const Shape s{a.n, a.k, a.batch, a.x_stride ? a.x_stride : a.k, a.y_stride ? a.y_stride : a.n};
+Status rmsnorm_q4k_gemv_validate(const RmsNormQ4kGemvParams& a) {
+  const Shape s = shape_of(a);
   ENCORE_RETURN_IF_ERROR(validate_shape("rmsnorm_q4k_gemv", s));
   ENCORE_REQUIRE(a.gamma != nullptr, StatusCode::kNullPointer, "rmsnorm_q4k_gemv: gamma is null");
   ENCORE_REQUIRE(a.eps > 0.f, StatusCode::kInvalidArgument, "rmsnorm_q4k_gemv: eps must be positive");
   const void* w[] = {a.weight};
   float* outs[] = {a.y};
-  ENCORE_RETURN_IF_ERROR(validate_io("rmsnorm_q4k_gemv: weight", s, w, 1, a.x, a.gamma, outs, 1, a.residual, a.normalized));
-  GemvTileParams p = base_params(s, a.x, a.gamma, a.eps);
+  return validate_io("rmsnorm_q4k_gemv: weight", s, w, 1, a.x, a.gamma, outs, 1, a.residual, a.normalized);
+}
+
+Status rmsnorm_q4k_gemv(const RmsNormQ4kGemvParams& a, cudaStream_t stream, GemvLaunch options) {
+  ENCORE_RETURN_IF_ERROR(rmsnorm_q4k_gemv_validate(a));
+  GemvTileParams p = base_params(shape_of(a), a.x, a.gamma, a.eps);
   p.mat[0] = reinterpret_cast<const char*>(a.weight);
   p.out[0] = a.y;
   p.residual = a.residual;
@@ -233,21 +245,25 @@ Status rmsnorm_q4k_gemv(const RmsNormQ4kGemvParams& a, cudaStream_t stream, Gemv
   return launch_gemv(p, 1, stream, options);
 }
 
-Status gate_up_q4k_gemv(const GateUpQ4kGemvParams& a, cudaStream_t stream, GemvLaunch options) {
-  const Shape s{a.n, a.k, a.batch, a.x_stride ? a.x_stride : a.k, a.h_stride ? a.h_stride : a.n};
+Status gate_up_q4k_gemv_validate(const GateUpQ4kGemvParams& a) {
+  const Shape s = shape_of(a);
   ENCORE_RETURN_IF_ERROR(validate_shape("gate_up_q4k_gemv", s));
   const bool raw = a.output == GateUpOutput::kRaw;
   ENCORE_REQUIRE(raw || a.up_out == nullptr, StatusCode::kInvalidArgument, "gate_up_q4k_gemv: up_out is only written in kRaw mode");
   if (a.gamma) ENCORE_REQUIRE(a.eps > 0.f, StatusCode::kInvalidArgument, "gate_up_q4k_gemv: eps must be positive");
   const void* w[] = {a.gate, a.up};
   float* outs[] = {a.h, a.up_out};
-  ENCORE_RETURN_IF_ERROR(validate_io("gate_up_q4k_gemv: gate/up", s, w, 2, a.x, a.gamma, outs, raw ? 2 : 1, nullptr, nullptr));
-  GemvTileParams p = base_params(s, a.x, a.gamma, a.eps);
+  return validate_io("gate_up_q4k_gemv: gate/up", s, w, 2, a.x, a.gamma, outs, raw ? 2 : 1, nullptr, nullptr);
+}
+
+Status gate_up_q4k_gemv(const GateUpQ4kGemvParams& a, cudaStream_t stream, GemvLaunch options) {
+  ENCORE_RETURN_IF_ERROR(gate_up_q4k_gemv_validate(a));
+  GemvTileParams p = base_params(shape_of(a), a.x, a.gamma, a.eps);
   p.mat[0] = reinterpret_cast<const char*>(a.gate);
   p.mat[1] = reinterpret_cast<const char*>(a.up);
   p.out[0] = a.h;
   p.out[1] = a.up_out;
-  p.epilogue = raw ? gemv::Epilogue::kRaw : gemv::Epilogue::kSiluMul;
+  p.epilogue = a.output == GateUpOutput::kRaw ? gemv::Epilogue::kRaw : gemv::Epilogue::kSiluMul;
   return launch_gemv(p, 2, stream, options);
 }
 

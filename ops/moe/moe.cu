@@ -197,7 +197,7 @@ std::size_t moe_router_workspace_bytes(int batch, int num_experts, int hidden) {
   return std::size_t(router_slices(hidden)) * std::max(batch, 0) * std::max(num_experts, 0) * sizeof(float);
 }
 
-Status moe_router(const MoeRouterParams& a, cudaStream_t stream) {
+Status moe_router_validate(const MoeRouterParams& a) {
   const char* op = "moe_router";
   ENCORE_RETURN_IF_ERROR(validate_routing_config(a.config));
   ENCORE_RETURN_IF_ERROR(validate_batch(op, a.batch, kMaxMoeBatch));
@@ -238,6 +238,11 @@ Status moe_router(const MoeRouterParams& a, cudaStream_t stream) {
         ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(outputs[o2].ptr, outputs[o2].bytes, outputs[o2].name, outputs[o].ptr,
                                                         outputs[o].bytes, outputs[o].name));
   }
+  return {};
+}
+
+Status moe_router(const MoeRouterParams& a, cudaStream_t stream) {
+  ENCORE_RETURN_IF_ERROR(moe_router_validate(a));
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
 
   RouterGemvParams g{};
@@ -247,14 +252,14 @@ Status moe_router(const MoeRouterParams& a, cudaStream_t stream) {
   g.hidden_blocks = a.hidden / 256;
   g.slices = router_slices(a.hidden);
   g.batch = a.batch;
-  g.num_experts = E;
+  g.num_experts = a.config.num_experts;
   g.partial = static_cast<float*>(a.workspace);
   ENCORE_RETURN_IF_ERROR(detail::launch(router_gemv_kernel, moe::router_gemv_tiles(g), 0, stream, true, "moe router gemv kernel", g));
   return launch_topk(topk_params(a.config, g.partial, g.slices, a.bias, a.batch, a.topk_ids, a.topk_weights, a.logits, a.slot_ids),
                      stream);
 }
 
-Status moe_topk(const MoeTopkParams& a, cudaStream_t stream) {
+Status moe_topk_validate(const MoeTopkParams& a) {
   ENCORE_RETURN_IF_ERROR(validate_routing_config(a.config));
   ENCORE_RETURN_IF_ERROR(validate_batch("moe_topk", a.batch, kMaxMoeBatch));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.logits, 4, "logits"));
@@ -271,6 +276,11 @@ Status moe_topk(const MoeTopkParams& a, cudaStream_t stream) {
   if (a.slot_ids)
     for (const void* out : {static_cast<const void*>(a.topk_ids), static_cast<const void*>(a.topk_weights)})
       ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(a.slot_ids, std::size_t(a.batch) * 4, "slot_ids", out, slot_bytes, "topk outputs"));
+  return {};
+}
+
+Status moe_topk(const MoeTopkParams& a, cudaStream_t stream) {
+  ENCORE_RETURN_IF_ERROR(moe_topk_validate(a));
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   return launch_topk(topk_params(a.config, a.logits, 1, a.bias, a.batch, a.topk_ids, a.topk_weights, nullptr, a.slot_ids), stream);
 }
@@ -282,7 +292,7 @@ std::size_t moe_experts_workspace_bytes(int max_batch, int num_experts, int num_
   return experts_layout(max_batch, num_experts, num_shared, top_k, hidden, inter).total;
 }
 
-Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
+Status moe_experts_validate(const MoeExpertsParams& a) {
   const char* op = "moe_experts";
   ENCORE_REQUIRE(a.num_experts >= 1 && a.num_experts <= kMaxMoeExperts, StatusCode::kInvalidArgument, op,
                  ": num_experts must be in [1, ", kMaxMoeExperts, "] (got ", a.num_experts, ")");
@@ -329,8 +339,15 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
       ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(outputs[o2].ptr, outputs[o2].bytes, outputs[o2].name, outputs[o].ptr,
                                                       outputs[o].bytes, outputs[o].name));
   }
-  const std::size_t gate_up_smem = moe::gate_up_smem_bytes(a.hidden / 256), down_smem = moe::down_smem_bytes(a.inter / 256);
+  return {};
+}
+
+Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
+  const char* op = "moe_experts";
+  ENCORE_RETURN_IF_ERROR(moe_experts_validate(a));
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
+  const ExpertsLayout layout = experts_layout(a.max_batch, a.num_experts, a.num_shared, a.top_k, a.hidden, a.inter);
+  const std::size_t gate_up_smem = moe::gate_up_smem_bytes(a.hidden / 256), down_smem = moe::down_smem_bytes(a.inter / 256);
   ENCORE_REQUIRE(gate_up_smem <= std::size_t(detail::max_shared_memory_per_block()), StatusCode::kUnsupported, op,
                  ": hidden = ", a.hidden, " needs ", gate_up_smem, " bytes of shared memory per block");
 

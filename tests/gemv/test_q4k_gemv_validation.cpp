@@ -114,5 +114,39 @@ TEST(Q4kGemvValidation, Overlaps) {
   EXPECT_EQ(ops::gate_up_q4k_gemv(g, nullptr).code(), StatusCode::kNullPointer);
 }
 
+// The *_validate functions are the launchers' checks alone: they accept valid arguments without a
+// device and reject bad ones with the launcher's code.
+TEST(Q4kGemvValidation, ValidatorsWithoutLaunching) {
+  auto a = valid_plain();
+  EXPECT_TRUE(ops::q4k_gemv_validate(a).ok());
+  a.k = 1000;
+  EXPECT_EQ(ops::q4k_gemv_validate(a).code(), plain(a));
+  EXPECT_EQ(ops::q4k_gemv_validate(a).code(), StatusCode::kInvalidArgument);
+
+  ops::RmsNormQ4kGemvParams r;
+  r.weight = g_weights;
+  r.x = g_x;
+  r.gamma = g_gamma;
+  r.y = g_y;
+  r.n = 16;
+  r.k = 1024;
+  EXPECT_TRUE(ops::rmsnorm_q4k_gemv_validate(r).ok());
+  r.gamma = nullptr;
+  EXPECT_EQ(ops::rmsnorm_q4k_gemv_validate(r).code(), StatusCode::kNullPointer);
+  EXPECT_EQ(ops::rmsnorm_q4k_gemv(r, nullptr).code(), StatusCode::kNullPointer);
+
+  ops::GateUpQ4kGemvParams g;
+  g.gate = g_weights;
+  g.up = g_weights2;
+  g.x = g_x;
+  g.h = g_y;
+  g.n = 16;
+  g.k = 1024;
+  EXPECT_TRUE(ops::gate_up_q4k_gemv_validate(g).ok());
+  g.up_out = g_y + 2048;  // only written in kRaw mode
+  EXPECT_EQ(ops::gate_up_q4k_gemv_validate(g).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ops::gate_up_q4k_gemv(g, nullptr).code(), StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace encore

@@ -243,6 +243,7 @@ TEST(MoeValidation, ExpertsRejectBadInput) {
     ops::MoeExpertsParams p = good_experts();
     mutate(p);
     EXPECT_EQ(ops::moe_experts(p, nullptr).code(), want);
+    EXPECT_EQ(ops::moe_experts_validate(p).code(), want);  // the same checks, without launching
   };
   check([](auto& p) { p.top_k = 300; }, StatusCode::kInvalidArgument);
   check([](auto& p) { p.num_experts = 4, p.top_k = 8; }, StatusCode::kInvalidArgument);  // k > E
@@ -261,6 +262,25 @@ TEST(MoeValidation, ExpertsRejectBadInput) {
   check([](auto& p) { p.h = nullptr; }, StatusCode::kNullPointer);
   check([](auto& p) { p.slot_ids = reinterpret_cast<const int*>(std::uintptr_t(9) << 40 | 2); }, StatusCode::kMisaligned);
   check([](auto& p) { p.slot_ids = reinterpret_cast<const int*>(p.x); }, StatusCode::kOverlap);
+}
+
+// Valid arguments pass the host-only validators (no device needed); the launchers then fail only on
+// the missing device or stream.
+TEST(MoeValidation, ValidatorsAcceptGoodArguments) {
+  EXPECT_TRUE(ops::moe_router_validate(good_router()).ok()) << ops::moe_router_validate(good_router()).to_string();
+  EXPECT_TRUE(ops::moe_experts_validate(good_experts()).ok()) << ops::moe_experts_validate(good_experts()).to_string();
+  ops::MoeTopkParams t;
+  t.config = MoeRoutingConfig::qwen3_moe();
+  t.logits = fake<float>(0);
+  t.topk_ids = fake<int>(1);
+  t.topk_weights = fake<float>(2);
+  t.batch = 4;
+  EXPECT_TRUE(ops::moe_topk_validate(t).ok()) << ops::moe_topk_validate(t).to_string();
+  t.config.top_k = 200;
+  EXPECT_EQ(ops::moe_topk_validate(t).code(), StatusCode::kInvalidArgument);
+  auto r = good_router();
+  r.workspace_bytes -= 4;
+  EXPECT_EQ(ops::moe_router_validate(r).code(), StatusCode::kOutOfRange);
 }
 
 }  // namespace

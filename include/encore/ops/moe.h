@@ -84,6 +84,8 @@ struct MoeRouterParams {
 };
 
 std::size_t moe_router_workspace_bytes(int batch, int num_experts, int hidden);
+// The launcher's argument checks alone, without a device or a launch.
+Status moe_router_validate(const MoeRouterParams& p);
 Status moe_router(const MoeRouterParams& p, cudaStream_t stream);
 
 struct MoeTopkParams {
@@ -95,6 +97,8 @@ struct MoeTopkParams {
   float* topk_weights = nullptr;         // [batch][top_k]
   const int* slot_ids = nullptr;         // optional [batch] (device); < 0: pad row -> ids -1, weights 0
 };
+// The launcher's argument checks alone, without a device or a launch.
+Status moe_topk_validate(const MoeTopkParams& p);
 Status moe_topk(const MoeTopkParams& p, cudaStream_t stream);
 
 struct MoeExpertsParams {
@@ -123,6 +127,8 @@ struct MoeExpertsParams {
 };
 
 std::size_t moe_experts_workspace_bytes(int max_batch, int num_experts, int num_shared, int top_k, int hidden, int inter);
+// The launcher's argument checks alone, without a device or a launch.
+Status moe_experts_validate(const MoeExpertsParams& p);
 Status moe_experts(const MoeExpertsParams& p, cudaStream_t stream);
 
 }  // namespace encore::ops

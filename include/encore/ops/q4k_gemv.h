@@ -67,6 +67,12 @@ struct GemvLaunch {
   bool pdl = true;  // launch as a programmatic dependent of the previous kernel in the stream
 };
 
+// The launchers' argument checks alone (dims, null / misaligned pointers, overlaps), without a
+// device or a launch: a pipeline can check a whole stage table on the host.
+Status q4k_gemv_validate(const Q4kGemvParams& p);
+Status rmsnorm_q4k_gemv_validate(const RmsNormQ4kGemvParams& p);
+Status gate_up_q4k_gemv_validate(const GateUpQ4kGemvParams& p);
+
 Status q4k_gemv(const Q4kGemvParams& p, cudaStream_t stream, GemvLaunch launch = {});
 Status rmsnorm_q4k_gemv(const RmsNormQ4kGemvParams& p, cudaStream_t stream, GemvLaunch launch = {});
 Status gate_up_q4k_gemv(const GateUpQ4kGemvParams& p, cudaStream_t stream, GemvLaunch launch = {});

@@ -106,9 +106,8 @@ struct StageListInputs {
 
 Status build_stage_list(const StageListInputs& in, std::vector<Stage>& stages);
 
-// The launcher's host-side validation of the stage's params where the op exposes one that runs
-// without a GPU (kda_validate, mla_validate, the MoE routing config, the pipeline's own stages);
-// GEMV and MoE-expert stages return ok here (their checks live inside the launchers).
+// The launcher's host-side validation of the stage's params, without a GPU (kda_validate,
+// mla_validate, the q4k GEMV and MoE *_validate functions, the pipeline's own stages).
 Status validate_stage(const Stage& s);
 
 // Stages that wait on their predecessor: the dependent-kernel count of model.md §4.
