@@ -23,6 +23,28 @@ ops::Q4kGemvParams valid_plain() {
   return a;
 }
 
+ops::RmsNormQ4kGemvParams valid_rmsnorm() {
+  ops::RmsNormQ4kGemvParams r;
+  r.weight = g_weights;
+  r.x = g_x;
+  r.gamma = g_gamma;
+  r.y = g_y;
+  r.n = 16;
+  r.k = 1024;
+  return r;
+}
+
+ops::GateUpQ4kGemvParams valid_gate_up() {
+  ops::GateUpQ4kGemvParams g;
+  g.gate = g_weights;
+  g.up = g_weights2;
+  g.x = g_x;
+  g.h = g_y;
+  g.n = 16;
+  g.k = 1024;
+  return g;
+}
+
 StatusCode plain(const ops::Q4kGemvParams& a) { return ops::q4k_gemv(a, nullptr).code(); }
 
 TEST(Q4kGemvValidation, Dimensions) {
@@ -80,13 +102,7 @@ TEST(Q4kGemvValidation, Overlaps) {
   a.residual = g_y + 4;  // partially overlapping the output
   EXPECT_EQ(plain(a), StatusCode::kOverlap);
 
-  ops::RmsNormQ4kGemvParams r;
-  r.weight = g_weights;
-  r.x = g_x;
-  r.gamma = g_gamma;
-  r.y = g_y;
-  r.n = 16;
-  r.k = 1024;
+  auto r = valid_rmsnorm();
   r.normalized = g_x + 1024;  // inside x (batch 1 reads x[0..1023] only, but x rows are k apart)
   r.batch = 2;
   EXPECT_EQ(ops::rmsnorm_q4k_gemv(r, nullptr).code(), StatusCode::kOverlap);
@@ -97,15 +113,9 @@ TEST(Q4kGemvValidation, Overlaps) {
   r.eps = 0.f;
   EXPECT_EQ(ops::rmsnorm_q4k_gemv(r, nullptr).code(), StatusCode::kInvalidArgument);
 
-  ops::GateUpQ4kGemvParams g;
-  g.gate = g_weights;
-  g.up = g_weights2;
-  g.x = g_x;
-  g.h = g_y;
+  auto g = valid_gate_up();
   g.up_out = g_y + 8;  // raw outputs overlap each other
   g.output = ops::GateUpOutput::kRaw;
-  g.n = 16;
-  g.k = 1024;
   EXPECT_EQ(ops::gate_up_q4k_gemv(g, nullptr).code(), StatusCode::kOverlap);
   g.up_out = nullptr;
   EXPECT_EQ(ops::gate_up_q4k_gemv(g, nullptr).code(), StatusCode::kNullPointer);
@@ -123,25 +133,13 @@ TEST(Q4kGemvValidation, ValidatorsWithoutLaunching) {
   EXPECT_EQ(ops::q4k_gemv_validate(a).code(), plain(a));
   EXPECT_EQ(ops::q4k_gemv_validate(a).code(), StatusCode::kInvalidArgument);
 
-  ops::RmsNormQ4kGemvParams r;
-  r.weight = g_weights;
-  r.x = g_x;
-  r.gamma = g_gamma;
-  r.y = g_y;
-  r.n = 16;
-  r.k = 1024;
+  auto r = valid_rmsnorm();
   EXPECT_TRUE(ops::rmsnorm_q4k_gemv_validate(r).ok());
   r.gamma = nullptr;
   EXPECT_EQ(ops::rmsnorm_q4k_gemv_validate(r).code(), StatusCode::kNullPointer);
   EXPECT_EQ(ops::rmsnorm_q4k_gemv(r, nullptr).code(), StatusCode::kNullPointer);
 
-  ops::GateUpQ4kGemvParams g;
-  g.gate = g_weights;
-  g.up = g_weights2;
-  g.x = g_x;
-  g.h = g_y;
-  g.n = 16;
-  g.k = 1024;
+  auto g = valid_gate_up();
   EXPECT_TRUE(ops::gate_up_q4k_gemv_validate(g).ok());
   g.up_out = g_y + 2048;  // only written in kRaw mode
   EXPECT_EQ(ops::gate_up_q4k_gemv_validate(g).code(), StatusCode::kInvalidArgument);

@@ -164,6 +164,16 @@ ops::MoeRouterParams good_router() {
   return p;
 }
 
+ops::MoeTopkParams good_topk() {
+  ops::MoeTopkParams t;
+  t.config = MoeRoutingConfig::qwen3_moe();
+  t.logits = fake<float>(0);
+  t.topk_ids = fake<int>(1);
+  t.topk_weights = fake<float>(2);
+  t.batch = 4;
+  return t;
+}
+
 ops::MoeExpertsParams good_experts() {
   ops::MoeExpertsParams p;
   p.gate = fake<q4k::Block>(0);
@@ -221,10 +231,7 @@ TEST(MoeValidation, RouterRejectsBadInput) {
   EXPECT_EQ(ops::moe_router([] { auto p = good_router(); p.config.n_group = 6; return p; }(), nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(ops::moe_router([] { auto p = good_router(); p.slot_ids = reinterpret_cast<const int*>(std::uintptr_t(7) << 40 | 2); return p; }(), nullptr).code(),
             StatusCode::kMisaligned);
-  ops::MoeTopkParams t;
-  t.config = MoeRoutingConfig::qwen3_moe();
-  t.logits = fake<float>(0);
-  t.topk_ids = fake<int>(1);
+  ops::MoeTopkParams t = good_topk();
   t.topk_weights = nullptr;
   EXPECT_EQ(ops::moe_topk(t, nullptr).code(), StatusCode::kNullPointer);
   t.topk_weights = fake<float>(2);
@@ -269,12 +276,7 @@ TEST(MoeValidation, ExpertsRejectBadInput) {
 TEST(MoeValidation, ValidatorsAcceptGoodArguments) {
   EXPECT_TRUE(ops::moe_router_validate(good_router()).ok()) << ops::moe_router_validate(good_router()).to_string();
   EXPECT_TRUE(ops::moe_experts_validate(good_experts()).ok()) << ops::moe_experts_validate(good_experts()).to_string();
-  ops::MoeTopkParams t;
-  t.config = MoeRoutingConfig::qwen3_moe();
-  t.logits = fake<float>(0);
-  t.topk_ids = fake<int>(1);
-  t.topk_weights = fake<float>(2);
-  t.batch = 4;
+  ops::MoeTopkParams t = good_topk();
   EXPECT_TRUE(ops::moe_topk_validate(t).ok()) << ops::moe_topk_validate(t).to_string();
   t.config.top_k = 200;
   EXPECT_EQ(ops::moe_topk_validate(t).code(), StatusCode::kInvalidArgument);
