@@ -33,7 +33,6 @@ namespace encore::moe {
 inline constexpr int kRowsPerItem = 32;                  // 8 warps x 4 lane groups, one row each
 inline constexpr int kTokensPerPass = 8;                 // tokens (entries) whose activations are staged together
 inline constexpr int kMaxPlanExperts = ops::kMaxMoeExperts + ops::kMaxMoeShared;
-inline constexpr int kMaxSlotsPerToken = ops::kMaxMoeTopK + ops::kMaxMoeShared;
 inline constexpr int kPlanScanItems = (kMaxPlanExperts + kBlockThreads - 1) / kBlockThreads;
 
 struct ExpertsTileParams {
