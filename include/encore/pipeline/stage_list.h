@@ -113,4 +113,10 @@ Status validate_stage(const Stage& s);
 // Stages that wait on their predecessor: the dependent-kernel count of model.md §4.
 int dependency_levels(const std::vector<Stage>& stages);
 
+// The graph path: launches the stage through its launcher (which validates first), or every stage
+// in table order, stopping at the first error (named with its index and layer). Nothing is
+// allocated or synchronised, so the calls can be captured into a CUDA graph.
+Status run_stage(const Stage& s, cudaStream_t stream);
+Status run_stages(const std::vector<Stage>& stages, cudaStream_t stream);
+
 }  // namespace encore::pipeline

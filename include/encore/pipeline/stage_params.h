@@ -1,5 +1,5 @@
-// Params of the two stages the decode step needs that no op in ops/ provides yet (their kernels
-// are still to be written; the stage table already carries them):
+// Params and launchers of the two stages the decode step needs that no op in ops/ provides
+// (kernels in pipeline/step_kernels.cu, device bodies in pipeline/step_tiles.cuh):
 //   embedding gather  x[b] = float(table[token_ids[b]])   (model.md §3; ids clamped to the vocab)
 //   RMSNorm           out[b] = rmsnorm(x[b]) * gamma      (the MoE input h: moe_router and
 //                     moe_experts take a normalised h and have no norm prologue)
@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 
 #include <encore/status.h>
 
@@ -32,5 +33,9 @@ struct RmsNormParams {
 // Host-side checks (dims, pointers, alignment, overlap), in the style of the ops' validators.
 Status validate(const EmbedParams& p);
 Status validate(const RmsNormParams& p);
+
+// Validate, then launch one block per row (programmatic dependents of the previous kernel).
+Status embed(const EmbedParams& p, cudaStream_t stream);
+Status rmsnorm(const RmsNormParams& p, cudaStream_t stream);
 
 }  // namespace encore::pipeline

@@ -1,0 +1,77 @@
+#include <encore/graphs/decode_graph.h>
+
+#include <utility>
+
+#include "common/cuda_check.h"
+
+namespace encore::graphs {
+
+DecodeGraph::~DecodeGraph() { release(); }
+
+DecodeGraph::DecodeGraph(DecodeGraph&& other) noexcept
+    : graph_(std::exchange(other.graph_, nullptr)), exec_(std::exchange(other.exec_, nullptr)) {}
+
+DecodeGraph& DecodeGraph::operator=(DecodeGraph&& other) noexcept {
+  if (this != &other) {
+    release();
+    graph_ = std::exchange(other.graph_, nullptr);
+    exec_ = std::exchange(other.exec_, nullptr);
+  }
+  return *this;
+}
+
+void DecodeGraph::release() {
+  if (exec_) cudaGraphExecDestroy(exec_);
+  if (graph_) cudaGraphDestroy(graph_);
+  exec_ = nullptr;
+  graph_ = nullptr;
+}
+
+Status DecodeGraph::capture(pipeline::Pipeline& pipeline, cudaStream_t stream, DecodeGraph& out) {
+  out.release();
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  ENCORE_CUDA_TRY(cudaStreamIsCapturing(stream, &capturing));
+  ENCORE_REQUIRE(capturing == cudaStreamCaptureStatusNone, StatusCode::kInvalidArgument,
+                 "DecodeGraph::capture: the stream is already capturing");
+  ENCORE_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const Status enqueued = pipeline.enqueue_step(stream);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);  // always end, so the stream is usable again
+  if (!enqueued.ok()) {
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();  // an invalidated capture leaves a sticky-free error behind; the status says why
+    return Status(enqueued.code(), "DecodeGraph::capture: " + enqueued.message());
+  }
+  ENCORE_CUDA_TRY(ended);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  if (made != cudaSuccess) {
+    cudaGraphDestroy(graph);
+    return detail::cuda_status(made, "cudaGraphInstantiate (decode step)");
+  }
+  out.graph_ = graph;
+  out.exec_ = exec;
+  return {};
+}
+
+Status DecodeGraph::replay(cudaStream_t stream) const {
+  ENCORE_REQUIRE(exec_, StatusCode::kInvalidArgument, "DecodeGraph::replay: nothing captured");
+  ENCORE_CUDA_TRY(cudaGraphLaunch(exec_, stream));
+  return {};
+}
+
+std::size_t DecodeGraph::num_nodes() const {
+  std::size_t n = 0;
+  if (graph_) cudaGraphGetNodes(graph_, nullptr, &n);
+  return n;
+}
+
+Status DecodeGraph::add_as_child_node(cudaGraph_t parent, const cudaGraphNode_t* deps, std::size_t num_deps,
+                                      cudaGraphNode_t* node) const {
+  ENCORE_REQUIRE(graph_, StatusCode::kInvalidArgument, "DecodeGraph::add_as_child_node: nothing captured");
+  ENCORE_REQUIRE(parent && node, StatusCode::kNullPointer, "DecodeGraph::add_as_child_node: parent and node are required");
+  ENCORE_CUDA_TRY(cudaGraphAddChildGraphNode(node, parent, deps, num_deps, graph_));
+  return {};
+}
+
+}  // namespace encore::graphs

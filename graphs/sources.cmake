@@ -1,0 +1,1 @@
+list(APPEND ENCORE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/decode_graph.cpp)

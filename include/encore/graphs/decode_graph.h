@@ -1,0 +1,53 @@
+// The graph path (DESIGN.md): a decode step captured once into a CUDA graph and replayed for every
+// token. Everything that changes per token lives in device memory (the step inputs the captured
+// copy brings from the pipeline's pinned staging buffer, the split plan the scheduler stage
+// computes), so one capture serves every token and every mix of lengths up to the pipeline's
+// max_batch rows.
+//
+//   DecodeGraph g;
+//   ENCORE_RETURN_IF_ERROR(DecodeGraph::capture(pipeline, stream, g));
+//   for each token: pipeline.set_step(inputs); g.replay(stream); ...
+//
+// Consecutive kernels keep their programmatic-dependent-launch edges, so a kernel's weight
+// prefetch overlaps its predecessor's tail. graph() can be embedded in a caller's own graph as a
+// child node (add_as_child_node). The pipeline must outlive the graph.
+#pragma once
+
+#include <cstddef>
+
+#include <cuda_runtime.h>
+
+#include <encore/pipeline/pipeline.h>
+#include <encore/status.h>
+
+namespace encore::graphs {
+
+class DecodeGraph {
+ public:
+  DecodeGraph() = default;
+  ~DecodeGraph();
+  DecodeGraph(DecodeGraph&& other) noexcept;
+  DecodeGraph& operator=(DecodeGraph&& other) noexcept;
+  DecodeGraph(const DecodeGraph&) = delete;
+  DecodeGraph& operator=(const DecodeGraph&) = delete;
+
+  // Captures pipeline.enqueue_step on `stream` (which must not already be capturing) and
+  // instantiates it. On error nothing is kept and the stream is left out of capture.
+  static Status capture(pipeline::Pipeline& pipeline, cudaStream_t stream, DecodeGraph& out);
+
+  bool valid() const { return exec_ != nullptr; }
+  // One decode step: the staged inputs' copy and every stage.
+  Status replay(cudaStream_t stream) const;
+  // The captured graph (owned by this object): nodes and their count for inspection.
+  cudaGraph_t graph() const { return graph_; }
+  std::size_t num_nodes() const;
+  // Adds the step to `parent` as one child-graph node after `deps` (the parent copies the graph).
+  Status add_as_child_node(cudaGraph_t parent, const cudaGraphNode_t* deps, std::size_t num_deps, cudaGraphNode_t* node) const;
+
+ private:
+  void release();
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+}  // namespace encore::graphs

@@ -1,0 +1,40 @@
+// The graph path's executor: each stage is one call of its launcher, in table order. The
+// launchers validate before launching and neither allocate nor synchronise, so a whole run can be
+// captured into a CUDA graph (graphs/decode_graph.cpp).
+#include <string>
+
+#include <encore/pipeline/stage_list.h>
+
+namespace encore::pipeline {
+
+Status run_stage(const Stage& s, cudaStream_t stream) {
+  const StageParams& p = s.params;
+  switch (s.kind) {
+    case StageKind::kEmbed: return embed(p.embed, stream);
+    case StageKind::kRmsNorm: return rmsnorm(p.rmsnorm, stream);
+    case StageKind::kRmsNormGemv: return ops::rmsnorm_q4k_gemv(p.rms_gemv, stream);
+    case StageKind::kGemv: return ops::q4k_gemv(p.gemv, stream);
+    case StageKind::kGateUpGemv: return ops::gate_up_q4k_gemv(p.gate_up, stream);
+    case StageKind::kKda: return ops::kda(p.kda, stream);
+    case StageKind::kMlaSched: return ops::mla_sched(p.mla_sched, stream);
+    case StageKind::kMlaQAbsorb: return ops::mla_q_absorb(p.mla_q_absorb, stream);
+    case StageKind::kMlaKvAppend: return ops::mla_kv_append(p.mla_kv_append, stream);
+    case StageKind::kMlaSplitKv: return ops::mla_splitkv(p.mla_attention, stream);
+    case StageKind::kMlaCombine: return ops::mla_combine(p.mla_attention, stream);
+    case StageKind::kMlaVUp: return ops::mla_v_up(p.mla_v_up, stream);
+    case StageKind::kMoeRouter: return ops::moe_router(p.moe_router, stream);
+    case StageKind::kMoeExperts: return ops::moe_experts(p.moe_experts, stream);
+  }
+  return Status(StatusCode::kInvalidArgument, "stage: unknown kind");
+}
+
+Status run_stages(const std::vector<Stage>& stages, cudaStream_t stream) {
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    const Status s = run_stage(stages[i], stream);
+    if (!s.ok())
+      return Status(s.code(), "stage " + std::to_string(i) + " (layer " + std::to_string(stages[i].layer) + "): " + s.message());
+  }
+  return {};
+}
+
+}  // namespace encore::pipeline

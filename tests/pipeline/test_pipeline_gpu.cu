@@ -1,0 +1,307 @@
+// The decode pipeline on the GPU: the embed / RMSNorm stage kernels against their references, and
+// whole steps of the tiny models (model.md §6, both MLA variants) through the eager path and the
+// captured graph: bit-identical logits and states, untouched unused slots and pages, rows that do
+// not see each other, and bad step inputs rejected before anything runs.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <cuda_bf16.h>
+
+#include <encore/device.h>
+#include <encore/graphs/decode_graph.h>
+#include <encore/pipeline/pipeline.h>
+#include <encore/pipeline/weight_layout.h>
+#include <encore/ref/q4k_gemv.h>
+
+#include "test_util.h"
+
+namespace encore::pipeline {
+namespace {
+
+using graphs::DecodeGraph;
+using test::DeviceBuffer;
+
+TEST(StepKernelsGpu, EmbedAndRmsNormMatchTheReference) {
+  ENCORE_REQUIRE_GPU();
+  const std::uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  const int vocab = 97, hidden = 2304, batch = 5;
+  std::vector<float> table_f = test::random_normal(std::size_t(vocab) * hidden, rng);
+  std::vector<__nv_bfloat16> table(table_f.size());
+  for (std::size_t i = 0; i < table.size(); ++i) table[i] = __float2bfloat16_rn(table_f[i]);
+  const std::vector<std::int32_t> ids = {3, 96, 0, 41, 3};
+  DeviceBuffer<__nv_bfloat16> d_table(table);
+  DeviceBuffer<std::int32_t> d_ids(ids);
+  DeviceBuffer<float> d_x(std::size_t(batch) * hidden);
+  EmbedParams e{d_table.get(), d_ids.get(), d_x.get(), vocab, hidden, batch};
+  ENCORE_OK(embed(e, nullptr));
+  const std::vector<float> x = d_x.download();
+  for (int b = 0; b < batch; ++b)
+    for (int i = 0; i < hidden; ++i)
+      ASSERT_EQ(x[std::size_t(b) * hidden + i], __bfloat162float(table[std::size_t(ids[b]) * hidden + i])) << b << " " << i;
+
+  const std::vector<float> src = test::random_normal(std::size_t(batch) * hidden, rng, 0.3f, 2.f);
+  const std::vector<float> gamma = test::random_uniform(hidden, rng, 0.5f, 1.5f);
+  DeviceBuffer<float> d_src(src), d_gamma(gamma), d_out(src.size());
+  RmsNormParams r{d_src.get(), d_gamma.get(), 1e-5f, d_out.get(), hidden, batch};
+  ENCORE_OK(rmsnorm(r, nullptr));
+  std::vector<double> want(src.size());
+  for (int b = 0; b < batch; ++b) ref::rmsnorm(&src[std::size_t(b) * hidden], gamma.data(), hidden, 1e-5, &want[std::size_t(b) * hidden]);
+  EXPECT_LT(test::rel_l2(d_out.download(), want), 1e-6);  // fp32 sum of 2304 squares vs double
+
+  r.k = 2302;  // not a multiple of 4: refused before launch
+  EXPECT_EQ(rmsnorm(r, nullptr).code(), StatusCode::kInvalidArgument);
+  e.token_ids = nullptr;
+  EXPECT_EQ(embed(e, nullptr).code(), StatusCode::kNullPointer);
+}
+
+// Three rows: sequence A (slot 2, pages 0-3), sequence B (slot 0, pages 4-7), and row 2 a pad row
+// on odd steps and sequence C (slot 3, pages 8-11) on even ones. Slot 1 and pages 12-15 are never used.
+constexpr int kSlots = 4, kPages = 16, kPagesPerSeq = 4;
+BufferOptions tiny_options() {
+  BufferOptions o;
+  o.max_batch = 3, o.max_slots = kSlots, o.max_pages = kPages, o.max_pages_per_seq = kPagesPerSeq;
+  return o;
+}
+StepInputs step_inputs(int t, const ModelConfig& c) {
+  StepInputs s;
+  const int start_pos[3] = {60, 0, 5};  // A crosses a page boundary at step 4
+  const int slots[3] = {2, 0, 3};
+  for (int b = 0; b < 3; ++b) {
+    const bool pad = b == 2 && t % 2 == 1;
+    s.token_ids.push_back((7 * t + 131 * b + 1) % c.vocab);
+    s.positions.push_back(pad ? 0 : start_pos[b] + t);
+    s.seq_lens.push_back(pad ? 0 : start_pos[b] + t + 1);
+    s.slot_ids.push_back(pad ? -1 : slots[b]);
+    for (int i = 0; i < kPagesPerSeq; ++i) s.block_table.push_back(4 * b + i);
+  }
+  return s;
+}
+
+struct StepsRun {
+  std::vector<std::vector<float>> logits;  // per step [max_batch][vocab]
+  std::vector<char> state;                 // the whole state arena after the last step
+};
+
+std::vector<char> download_bytes(const void* p, std::size_t bytes) {
+  std::vector<char> h(bytes);
+  EXPECT_EQ(cudaSuccess, cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// Poisons what the steps must not touch: slot 1 of every KDA pool, pages 12-15 of every MLA cache.
+void poison_unused(Pipeline& p) {
+  const ModelConfig& c = p.config();
+  for (int l = 0; l < c.layers(); ++l) {
+    if (c.attention[l] == Attention::kKda) {
+      for (const char* base : {"kda_recurrent", "kda_conv"}) {
+        const TensorInfo* t = p.state_layout().find(layer_tensor(l, base));
+        const std::size_t per_slot = std::size_t(t->bytes) / kSlots;
+        EXPECT_EQ(cudaSuccess, cudaMemset(static_cast<char*>(p.state()) + t->offset + per_slot, 0xA5, per_slot));
+      }
+    } else {
+      const TensorInfo* t = p.state_layout().find(layer_tensor(l, "mla_cache"));
+      const std::size_t per_page = std::size_t(t->bytes) / kPages;
+      EXPECT_EQ(cudaSuccess, cudaMemset(static_cast<char*>(p.state()) + t->offset + 12 * per_page, 0xA5, 4 * per_page));
+    }
+  }
+}
+void expect_unused_untouched(const Pipeline& p, const std::vector<char>& state) {
+  const ModelConfig& c = p.config();
+  auto all_a5 = [&](std::int64_t offset, std::size_t bytes) {
+    for (std::size_t i = 0; i < bytes; ++i)
+      if (static_cast<unsigned char>(state[offset + i]) != 0xA5) return false;
+    return true;
+  };
+  for (int l = 0; l < c.layers(); ++l) {
+    if (c.attention[l] == Attention::kKda) {
+      for (const char* base : {"kda_recurrent", "kda_conv"}) {
+        const TensorInfo* t = p.state_layout().find(layer_tensor(l, base));
+        const std::size_t per_slot = std::size_t(t->bytes) / kSlots;
+        EXPECT_TRUE(all_a5(t->offset + per_slot, per_slot)) << t->name << ": slot 1 was written";
+      }
+    } else {
+      const TensorInfo* t = p.state_layout().find(layer_tensor(l, "mla_cache"));
+      const std::size_t per_page = std::size_t(t->bytes) / kPages;
+      EXPECT_TRUE(all_a5(t->offset + 12 * per_page, 4 * per_page)) << t->name << ": pages 12-15 were written";
+    }
+  }
+}
+
+StepsRun run_steps(Pipeline& p, int steps, cudaStream_t stream, const DecodeGraph* graph) {
+  StepsRun r;
+  EXPECT_TRUE(p.reset_state(stream).ok());
+  EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream));
+  poison_unused(p);
+  EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  const std::size_t logit_floats = std::size_t(p.options().max_batch) * p.config().vocab;
+  for (int t = 0; t < steps; ++t) {
+    const Status set = p.set_step(step_inputs(t, p.config()));
+    EXPECT_TRUE(set.ok()) << set.to_string();
+    const Status run = graph ? graph->replay(stream) : p.enqueue_step(stream);
+    EXPECT_TRUE(run.ok()) << run.to_string();
+    EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream));
+    std::vector<float> logits(logit_floats);
+    EXPECT_EQ(cudaSuccess, cudaMemcpy(logits.data(), p.logits(), logit_floats * 4, cudaMemcpyDeviceToHost));
+    r.logits.push_back(std::move(logits));
+  }
+  const Status errors = p.read_errors(stream);
+  EXPECT_TRUE(errors.ok()) << errors.to_string();
+  r.state = download_bytes(p.state(), std::size_t(p.state_layout().total_bytes()));
+  return r;
+}
+
+class PipelineGpu : public ::testing::TestWithParam<bool> {};  // param: the DeepSeek-style RoPE variant
+
+TEST_P(PipelineGpu, GraphReplaysMatchEagerStepsBitForBit) {
+  ENCORE_REQUIRE_GPU();
+  const std::uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(seed);
+  std::unique_ptr<Pipeline> p;
+  ENCORE_OK(Pipeline::create(ModelConfig::tiny(GetParam()), tiny_options(), p));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ENCORE_OK(p->fill_random_weights(seed, stream));
+  constexpr int kSteps = 8;
+
+  const StepsRun eager = run_steps(*p, kSteps, stream, nullptr);
+  DecodeGraph graph;
+  ENCORE_OK(DecodeGraph::capture(*p, stream, graph));  // one capture for every step below
+  EXPECT_GT(graph.num_nodes(), p->stages().size());   // the input copy + at least one kernel per stage
+  const StepsRun replayed = run_steps(*p, kSteps, stream, &graph);
+
+  const int vocab = p->config().vocab;
+  for (int t = 0; t < kSteps; ++t) {
+    EXPECT_TRUE(test::bitwise_equal(eager.logits[t].data(), replayed.logits[t].data(), eager.logits[t].size() * 4)) << "step " << t;
+    for (int b = 0; b < 3; ++b) {
+      if (b == 2 && t % 2 == 1) continue;  // a pad row's logits are meaningless
+      double ss = 0;
+      for (int i = 0; i < vocab; ++i) {
+        const float v = eager.logits[t][std::size_t(b) * vocab + i];
+        ASSERT_TRUE(std::isfinite(v)) << "step " << t << " row " << b << " logit " << i;
+        ss += double(v) * v;
+      }
+      EXPECT_GT(ss, 0.0) << "step " << t << " row " << b;
+    }
+    // Different sequences give different logits (rows are not copies of each other).
+    EXPECT_FALSE(test::bitwise_equal(eager.logits[t].data(), eager.logits[t].data() + vocab, std::size_t(vocab) * 4));
+  }
+  EXPECT_TRUE(eager.state == replayed.state) << "states differ after " << kSteps << " steps";
+  expect_unused_untouched(*p, eager.state);
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+// A sequence's logits do not depend on which rows run beside it (beyond the GEMV's per-batch
+// summation order): alone in row 0 vs beside two others in row 1.
+TEST_P(PipelineGpu, RowsDoNotSeeEachOther) {
+  ENCORE_REQUIRE_GPU();
+  const std::uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(seed);
+  std::unique_ptr<Pipeline> p;
+  ENCORE_OK(Pipeline::create(ModelConfig::tiny(GetParam()), tiny_options(), p));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ENCORE_OK(p->fill_random_weights(seed, stream));
+  const int vocab = p->config().vocab;
+  auto run = [&](bool alone) {
+    std::vector<std::vector<float>> out;
+    EXPECT_TRUE(p->reset_state(stream).ok());
+    for (int t = 0; t < 4; ++t) {
+      StepInputs s = step_inputs(2 * t, p->config());  // even steps: three real rows
+      if (alone) {  // sequence B only, in row 0
+        StepInputs one;
+        one.token_ids = {s.token_ids[1]}, one.positions = {s.positions[1]}, one.seq_lens = {s.seq_lens[1]};
+        one.slot_ids = {s.slot_ids[1]};
+        one.block_table.assign(s.block_table.begin() + kPagesPerSeq, s.block_table.begin() + 2 * kPagesPerSeq);
+        s = one;
+      }
+      EXPECT_TRUE(p->set_step(s).ok());
+      EXPECT_TRUE(p->enqueue_step(stream).ok());
+      EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream));
+      std::vector<float> row(vocab);
+      EXPECT_EQ(cudaSuccess, cudaMemcpy(row.data(), p->logits() + (alone ? 0 : vocab), std::size_t(vocab) * 4, cudaMemcpyDeviceToHost));
+      out.push_back(row);
+    }
+    return out;
+  };
+  const auto alone = run(true), beside = run(false);
+  for (int t = 0; t < 4; ++t) EXPECT_LT(test::rel_l2(beside[t], alone[t]), 1e-4) << "step " << t;
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, PipelineGpu, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "RopeQLora" : "Nope"; });
+
+TEST(PipelineGpuInputs, BadStepInputsAreRejectedBeforeAnythingRuns) {
+  ENCORE_REQUIRE_GPU();
+  std::unique_ptr<Pipeline> p;
+  ENCORE_OK(Pipeline::create(ModelConfig::tiny(), tiny_options(), p));
+  const ModelConfig& c = p->config();
+  auto with = [&](auto edit) {
+    StepInputs s = step_inputs(0, c);
+    edit(s);
+    return p->set_step(s).code();
+  };
+  EXPECT_EQ(with([](StepInputs&) {}), StatusCode::kOk);
+  EXPECT_EQ(with([&](StepInputs& s) { s.token_ids[1] = c.vocab; }), StatusCode::kOutOfRange);
+  EXPECT_EQ(with([](StepInputs& s) { s.slot_ids[2] = s.slot_ids[0]; }), StatusCode::kInvalidArgument);  // duplicate slot
+  EXPECT_EQ(with([](StepInputs& s) { s.slot_ids[0] = kSlots; }), StatusCode::kOutOfRange);
+  EXPECT_EQ(with([](StepInputs& s) { s.seq_lens[0] += 1; }), StatusCode::kInvalidArgument);  // seq_len != position + 1
+  EXPECT_EQ(with([](StepInputs& s) { s.positions[0] = kPagesPerSeq * 64, s.seq_lens[0] = kPagesPerSeq * 64 + 1; }),
+            StatusCode::kOutOfRange);  // beyond the block table
+  EXPECT_EQ(with([](StepInputs& s) { s.block_table[0] = kPages; }), StatusCode::kOutOfRange);
+  EXPECT_EQ(with([](StepInputs& s) { s.block_table[kPagesPerSeq] = 0; }), StatusCode::kInvalidArgument);  // B reads A's write page
+  EXPECT_EQ(with([](StepInputs& s) { s.seq_lens[2] = 3, s.slot_ids[2] = -1; }), StatusCode::kInvalidArgument);  // pad with a length
+  EXPECT_EQ(with([](StepInputs& s) {
+              for (auto* v : {&s.token_ids, &s.positions, &s.seq_lens, &s.slot_ids}) v->push_back(v->back());
+            }),
+            StatusCode::kInvalidArgument);  // block table one row short
+  BufferOptions too_big = tiny_options();
+  too_big.max_batch = 17;
+  std::unique_ptr<Pipeline> q;
+  EXPECT_EQ(Pipeline::create(c, too_big, q).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(q, nullptr);
+}
+
+TEST(PipelineGpuInputs, DecodeGraphRunsAsAChildNode) {
+  ENCORE_REQUIRE_GPU();
+  std::unique_ptr<Pipeline> p;
+  ENCORE_OK(Pipeline::create(ModelConfig::tiny(), tiny_options(), p));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ENCORE_OK(p->fill_random_weights(test::fresh_seed(), stream));
+  DecodeGraph graph;
+  ENCORE_OK(DecodeGraph::capture(*p, stream, graph));
+  ENCORE_OK(p->set_step(step_inputs(0, p->config())));
+  const std::size_t n = std::size_t(3) * p->config().vocab;
+  std::vector<float> direct(n), child(n);
+
+  ENCORE_OK(p->reset_state(stream));
+  ENCORE_OK(graph.replay(stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaMemcpy(direct.data(), p->logits(), n * 4, cudaMemcpyDeviceToHost));
+
+  cudaGraph_t parent;
+  CUDA_OK(cudaGraphCreate(&parent, 0));
+  cudaGraphNode_t node;
+  ENCORE_OK(graph.add_as_child_node(parent, nullptr, 0, &node));
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, parent, 0));
+  ENCORE_OK(p->reset_state(stream));
+  CUDA_OK(cudaMemsetAsync(const_cast<float*>(p->logits()), 0xFF, n * 4, stream));
+  CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaMemcpy(child.data(), p->logits(), n * 4, cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(test::bitwise_equal(direct.data(), child.data(), n * 4));
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(parent));
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+}  // namespace encore::pipeline
