@@ -136,7 +136,8 @@ Status Pipeline::set_step(const StepInputs& in) {
     ENCORE_REQUIRE(slots.insert(in.slot_ids[b]).second, StatusCode::kInvalidArgument, "step: slot ", in.slot_ids[b],
                    " appears twice in one step");
     if (config_.count(Attention::kMla) > 0)
-      write_pages.insert(in.block_table[b * P + in.positions[b] / ops::kMlaPageTokens]);
+      ENCORE_REQUIRE(write_pages.insert(in.block_table[b * P + in.positions[b] / ops::kMlaPageTokens]).second,
+                     StatusCode::kInvalidArgument, "step: row ", b, " appends to a page another row appends to");
   }
   for (std::size_t b = 0; b < n; ++b) {  // no row may read a page another row writes
     if (in.slot_ids[b] < 0 || config_.count(Attention::kMla) == 0) continue;

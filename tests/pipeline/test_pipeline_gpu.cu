@@ -255,12 +255,16 @@ TEST(PipelineGpuInputs, BadStepInputsAreRejectedBeforeAnythingRuns) {
   EXPECT_EQ(with([](StepInputs& s) { s.positions[0] = kPagesPerSeq * 64, s.seq_lens[0] = kPagesPerSeq * 64 + 1; }),
             StatusCode::kOutOfRange);  // beyond the block table
   EXPECT_EQ(with([](StepInputs& s) { s.block_table[0] = kPages; }), StatusCode::kOutOfRange);
-  EXPECT_EQ(with([](StepInputs& s) { s.block_table[kPagesPerSeq] = 0; }), StatusCode::kInvalidArgument);  // B reads A's write page
+  EXPECT_EQ(with([](StepInputs& s) { s.block_table[kPagesPerSeq] = 0; }), StatusCode::kInvalidArgument);  // B appends to A's page
+  EXPECT_EQ(with([](StepInputs& s) { s.seq_lens[1] = 70, s.positions[1] = 69, s.block_table[kPagesPerSeq] = 0; }),
+            StatusCode::kInvalidArgument);  // B reads the page A appends to
   EXPECT_EQ(with([](StepInputs& s) { s.seq_lens[2] = 3, s.slot_ids[2] = -1; }), StatusCode::kInvalidArgument);  // pad with a length
+  EXPECT_EQ(with([](StepInputs& s) { s.block_table.pop_back(); }), StatusCode::kInvalidArgument);  // table one entry short
   EXPECT_EQ(with([](StepInputs& s) {
               for (auto* v : {&s.token_ids, &s.positions, &s.seq_lens, &s.slot_ids}) v->push_back(v->back());
+              s.block_table.resize(s.block_table.size() + kPagesPerSeq, 15);
             }),
-            StatusCode::kInvalidArgument);  // block table one row short
+            StatusCode::kOutOfRange);  // four rows, the stages run three
   BufferOptions too_big = tiny_options();
   too_big.max_batch = 17;
   std::unique_ptr<Pipeline> q;
