@@ -6,7 +6,9 @@
 // KDA state read + write, MLA cache read); % of the measured read bandwidth.
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -23,28 +25,34 @@ using pipeline::Pipeline;
 
 constexpr int kMaxBatch = 16, kContext = 4096, kStepsPerIteration = 8;
 
+// One Kimi-Linear pipeline for every decode benchmark (~28 GB of weights, filled once).
 struct DecodeSetup {
   std::unique_ptr<Pipeline> pipe;
   cudaStream_t stream = nullptr;
-  Status status;
-};
+  Status status;  // why the setup failed (then every decode benchmark skips with it)
 
-// One Kimi-Linear pipeline for every decode benchmark (~28 GB of weights, filled once).
-DecodeSetup& setup() {
-  static DecodeSetup s = [] {
-    DecodeSetup d;
+  DecodeSetup() : status(init()) {}
+  Status init() {
     pipeline::BufferOptions o;
     o.max_batch = kMaxBatch, o.max_slots = kMaxBatch;
     o.max_pages_per_seq = kContext / 64, o.max_pages = kMaxBatch * o.max_pages_per_seq;
-    d.status = Pipeline::create(pipeline::ModelConfig::kimi_linear_48b(), o, d.pipe);
-    if (!d.status.ok()) return d;
-    BENCH_CUDA(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
-    d.status = d.pipe->fill_random_weights(0x5EED, d.stream);
-    if (d.status.ok()) d.status = d.pipe->reset_state(d.stream);
-    BENCH_CUDA(cudaStreamSynchronize(d.stream));
-    return d;
-  }();
+    ENCORE_RETURN_IF_ERROR(Pipeline::create(pipeline::ModelConfig::kimi_linear_48b(), o, pipe));
+    BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    ENCORE_RETURN_IF_ERROR(pipe->fill_random_weights(0x5EED, stream));
+    ENCORE_RETURN_IF_ERROR(pipe->reset_state(stream));
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    return {};
+  }
+};
+DecodeSetup& setup() {
+  static DecodeSetup s;
   return s;
+}
+
+// False (and the benchmark marked skipped with the reason) on error.
+bool ok(benchmark::State& state, const Status& st) {
+  if (!st.ok()) state.SkipWithError(st.to_string().c_str());
+  return st.ok();
 }
 
 pipeline::StepInputs step_inputs(int batch, int vocab) {
@@ -63,31 +71,27 @@ pipeline::StepInputs step_inputs(int batch, int vocab) {
 void BM_Decode(benchmark::State& state, bool use_graph) {
   const int batch = int(state.range(0));
   DecodeSetup& s = setup();
-  auto fail = [&](const Status& st) {
-    state.SkipWithError(st.to_string().c_str());
-  };
-  if (!s.status.ok()) return fail(s.status);
+  if (!ok(state, s.status)) return;
   Pipeline& p = *s.pipe;
-  Status st = p.set_batch(batch);
-  if (st.ok()) st = p.set_step(step_inputs(batch, p.config().vocab));
   graphs::DecodeGraph graph;
-  if (st.ok() && use_graph) st = graphs::DecodeGraph::capture(p, s.stream, graph);
+  if (!ok(state, p.set_batch(batch)) || !ok(state, p.set_step(step_inputs(batch, p.config().vocab)))) return;
+  if (use_graph && !ok(state, graphs::DecodeGraph::capture(p, s.stream, graph))) return;
   auto step = [&] { return use_graph ? graph.replay(s.stream) : p.enqueue_step(s.stream); };
-  for (int i = 0; i < 3 && st.ok(); ++i) st = step();  // warm-up
-  if (!st.ok()) return fail(st);
+  for (int i = 0; i < 3; ++i)  // warm-up
+    if (!ok(state, step())) return;
   BENCH_CUDA(cudaStreamSynchronize(s.stream));
 
   cudaEvent_t a, b;
   BENCH_CUDA(cudaEventCreate(&a));
   BENCH_CUDA(cudaEventCreate(&b));
   std::vector<double> per_step_s;
+  bool good = true;
   for (auto _ : state) {
     BENCH_CUDA(cudaEventRecord(a, s.stream));
-    for (int i = 0; i < kStepsPerIteration; ++i)
-      if (!(st = step()).ok()) break;
+    for (int i = 0; i < kStepsPerIteration && good; ++i) good = ok(state, step());
     BENCH_CUDA(cudaEventRecord(b, s.stream));
     BENCH_CUDA(cudaEventSynchronize(b));
-    if (!st.ok()) break;
+    if (!good) break;
     float ms = 0;
     BENCH_CUDA(cudaEventElapsedTime(&ms, a, b));
     per_step_s.push_back(ms * 1e-3 / kStepsPerIteration);
@@ -95,8 +99,7 @@ void BM_Decode(benchmark::State& state, bool use_graph) {
   }
   BENCH_CUDA(cudaEventDestroy(a));
   BENCH_CUDA(cudaEventDestroy(b));
-  if (st.ok()) st = p.read_errors(s.stream);
-  if (!st.ok() || per_step_s.empty()) return fail(st.ok() ? Status(StatusCode::kInvalidArgument, "no iterations") : st);
+  if (!good || !ok(state, p.read_errors(s.stream)) || per_step_s.empty()) return;
 
   std::sort(per_step_s.begin(), per_step_s.end());
   const double med = per_step_s[per_step_s.size() / 2];
@@ -110,6 +113,81 @@ void BM_Decode(benchmark::State& state, bool use_graph) {
   state.counters["floor_us"] = bytes.total() / f.read_bw_bytes_per_s * 1e6;
   state.counters["kernels"] = double(graph.valid() ? graph.num_nodes() - 1 : 0);  // minus the input copy
 }
+
+const char* role_name(pipeline::StageRole r) {
+  using R = pipeline::StageRole;
+  switch (r) {
+    case R::kEmbed: return "embed";
+    case R::kKdaInProj: return "kda.in_proj";
+    case R::kKda: return "kda.op";
+    case R::kKdaOutProj: return "kda.o_proj";
+    case R::kMlaSched: return "mla.sched";
+    case R::kMlaInProj: return "mla.in_proj";
+    case R::kMlaQB: return "mla.q_b";
+    case R::kMlaQAbsorb: return "mla.q_absorb";
+    case R::kMlaKvAppend: return "mla.kv_append";
+    case R::kMlaSplitKv: return "mla.splitkv";
+    case R::kMlaCombine: return "mla.combine";
+    case R::kMlaVUp: return "mla.v_up";
+    case R::kMlaOutProj: return "mla.o_proj";
+    case R::kDenseGateUp: return "dense.gate_up";
+    case R::kDenseDown: return "dense.down";
+    case R::kMoeNorm: return "moe.norm";
+    case R::kMoeRouter: return "moe.router";
+    case R::kMoeExperts: return "moe.experts";
+    case R::kLmHead: return "lm_head";
+  }
+  return "?";
+}
+
+// Where a step's time goes: the stages launched eagerly with an event before each, per-stage
+// medians over the iterations, summed by role (us per step). Events serialise the stages, so the
+// total exceeds the graph's step time by the overlap PDL gives.
+void BM_DecodeStages(benchmark::State& state) {
+  const int batch = int(state.range(0));
+  DecodeSetup& s = setup();
+  if (!ok(state, s.status)) return;
+  Pipeline& p = *s.pipe;
+  if (!ok(state, p.set_batch(batch)) || !ok(state, p.set_step(step_inputs(batch, p.config().vocab))) ||
+      !ok(state, p.enqueue_step(s.stream)))  // the last one: warm-up
+    return;
+  const std::vector<pipeline::Stage>& stages = p.stages();
+  std::vector<cudaEvent_t> events(stages.size() + 1);
+  for (auto& e : events) BENCH_CUDA(cudaEventCreate(&e));
+  std::vector<std::vector<double>> stage_us(stages.size());
+  bool good = true;
+  for (auto _ : state) {
+    BENCH_CUDA(cudaEventRecord(events[0], s.stream));
+    for (std::size_t i = 0; i < stages.size() && good; ++i) {
+      good = ok(state, pipeline::run_stage(stages[i], s.stream));
+      BENCH_CUDA(cudaEventRecord(events[i + 1], s.stream));
+    }
+    BENCH_CUDA(cudaEventSynchronize(events.back()));
+    if (!good) break;
+    float total = 0;
+    for (std::size_t i = 0; i < stages.size(); ++i) {
+      float ms = 0;
+      BENCH_CUDA(cudaEventElapsedTime(&ms, events[i], events[i + 1]));
+      stage_us[i].push_back(ms * 1e3);
+      total += ms;
+    }
+    state.SetIterationTime(total * 1e-3);
+  }
+  for (auto& e : events) BENCH_CUDA(cudaEventDestroy(e));
+  if (!good) return;
+  std::map<std::string, double> by_role;
+  double sum = 0;
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    std::sort(stage_us[i].begin(), stage_us[i].end());
+    const double med = stage_us[i][stage_us[i].size() / 2];
+    by_role[role_name(stages[i].role)] += med;
+    sum += med;
+  }
+  for (const auto& [role, us] : by_role) state.counters["us." + role] = us;
+  state.counters["us_sum"] = sum;
+}
+
+BENCHMARK(BM_DecodeStages)->Name("decode/kimi_linear/stages")->Arg(1)->Arg(16)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_CAPTURE(BM_Decode, kimi_linear_graph, true)->Name("decode/kimi_linear/graph")->Arg(1)->Arg(4)->Arg(16)
     ->UseManualTime()->Unit(benchmark::kMicrosecond);

@@ -165,10 +165,15 @@ Status Pipeline::set_step(const StepInputs& in) {
   return {};
 }
 
-Status Pipeline::enqueue_step(cudaStream_t stream) {
+Status Pipeline::enqueue_inputs(cudaStream_t stream) {
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   ENCORE_CUDA_TRY(cudaMemcpyAsync(static_cast<char*>(buffers_) + staging_offset_, staging_, std::size_t(staging_bytes_),
                                   cudaMemcpyHostToDevice, stream));
+  return {};
+}
+
+Status Pipeline::enqueue_step(cudaStream_t stream) {
+  ENCORE_RETURN_IF_ERROR(enqueue_inputs(stream));
   return run_stages(stages_, stream);
 }
 

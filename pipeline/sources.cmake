@@ -8,4 +8,5 @@ list(APPEND ENCORE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/stage_run.cpp
   ${CMAKE_CURRENT_LIST_DIR}/step_kernels.cu
   ${CMAKE_CURRENT_LIST_DIR}/pipeline.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/pipeline_ref.cpp
   ${CMAKE_CURRENT_LIST_DIR}/random_weights.cu)

@@ -163,14 +163,7 @@ class Builder {
     residual_gemv(StageRole::kDenseDown, l, "ffn_down.weight", g.h, c_.dense_width);
   }
 
-  ops::MoeRoutingConfig routing() const {
-    const MoeConfig& e = c_.moe;
-    ops::MoeRoutingConfig r = ops::MoeRoutingConfig::kimi_linear();
-    r.score = e.score == RouterScore::kSigmoid ? ops::MoeScoreFunc::kSigmoid : ops::MoeScoreFunc::kSoftmax;
-    r.num_experts = e.experts, r.top_k = e.top_k, r.n_group = e.groups, r.topk_group = e.kept_groups;
-    r.renormalize = e.renormalise, r.routed_scale = e.routed_scale;
-    return r;
-  }
+  ops::MoeRoutingConfig routing() const { return moe_routing(c_); }
 
   // The pushes below can move earlier stages (vector growth): shared pointers live in locals.
   void moe(int l) {
@@ -207,6 +200,15 @@ class Builder {
 };
 
 }  // namespace
+
+ops::MoeRoutingConfig moe_routing(const ModelConfig& c) {
+  const MoeConfig& e = c.moe;
+  ops::MoeRoutingConfig r = ops::MoeRoutingConfig::kimi_linear();
+  r.score = e.score == RouterScore::kSigmoid ? ops::MoeScoreFunc::kSigmoid : ops::MoeScoreFunc::kSoftmax;
+  r.num_experts = e.experts, r.top_k = e.top_k, r.n_group = e.groups, r.topk_group = e.kept_groups;
+  r.renormalize = e.renormalise, r.routed_scale = e.routed_scale;
+  return r;
+}
 
 Status build_stage_list(const StageListInputs& in, std::vector<Stage>& stages) {
   ENCORE_REQUIRE(in.config && in.options && in.weights && in.buffers && in.state, StatusCode::kNullPointer,

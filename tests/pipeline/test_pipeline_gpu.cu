@@ -4,6 +4,9 @@
 // not see each other, and bad step inputs rejected before anything runs.
 #include <cmath>
 #include <cstring>
+#include <iostream>
+#include <map>
+#include <set>
 #include <random>
 #include <vector>
 
@@ -15,6 +18,7 @@
 #include <encore/graphs/decode_graph.h>
 #include <encore/pipeline/pipeline.h>
 #include <encore/pipeline/weight_layout.h>
+#include <encore/ref/pipeline.h>
 #include <encore/ref/q4k_gemv.h>
 
 #include "test_util.h"
@@ -231,6 +235,116 @@ TEST_P(PipelineGpu, RowsDoNotSeeEachOther) {
   };
   const auto alone = run(true), beside = run(false);
   for (int t = 0; t < 4; ++t) EXPECT_LT(test::rel_l2(beside[t], alone[t]), 1e-4) << "step " << t;
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+// The whole step against the fp64 model reference (ref::decode_step, with the kernels' int8
+// activation arithmetic): logits of every real row over kSteps chained steps, then the KDA states
+// and the MLA cache rows the steps wrote. The reference follows the device's expert choice (fp32 vs
+// fp64 may decide a near-tie either way); the choices must agree as sets on all but a few rows.
+TEST_P(PipelineGpu, StepsMatchTheModelReference) {
+  ENCORE_REQUIRE_GPU();
+  const std::uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(seed);
+  std::unique_ptr<Pipeline> p;
+  const BufferOptions o = tiny_options();
+  ENCORE_OK(Pipeline::create(ModelConfig::tiny(GetParam()), o, p));
+  const ModelConfig& c = p->config();
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ENCORE_OK(p->fill_random_weights(seed, stream));
+  ENCORE_OK(p->reset_state(stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  const std::vector<char> weights = download_bytes(p->weights(), std::size_t(p->weight_layout().total_bytes()));
+  ref::DecodeRefState ref_state = ref::decode_ref_state(c, p->options());
+
+  constexpr int kSteps = 6, kRows = 3;  // A's position crosses into its second page at step 4
+  const int vocab = c.vocab, k = c.moe.top_k;
+  int routed_rows = 0, differing_rows = 0;
+  double worst_logits = 0;
+  for (int t = 0; t < kSteps; ++t) {
+    const StepInputs in = step_inputs(t, c);
+    ENCORE_OK(p->set_step(in));
+    // The device step, stage by stage, keeping each MoE layer's routing.
+    std::map<int, std::pair<std::vector<int>, std::vector<float>>> routing;
+    ENCORE_OK(p->enqueue_inputs(stream));
+    for (const Stage& s : p->stages()) {
+      ENCORE_OK(run_stage(s, stream));
+      if (s.kind != StageKind::kMoeRouter) continue;
+      CUDA_OK(cudaStreamSynchronize(stream));
+      std::vector<int> ids(std::size_t(kRows) * k);
+      std::vector<float> w(ids.size());
+      CUDA_OK(cudaMemcpy(ids.data(), s.params.moe_router.topk_ids, ids.size() * 4, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(w.data(), s.params.moe_router.topk_weights, w.size() * 4, cudaMemcpyDeviceToHost));
+      routing[s.layer] = {ids, w};
+    }
+    CUDA_OK(cudaStreamSynchronize(stream));
+    std::vector<float> logits(std::size_t(kRows) * vocab);
+    CUDA_OK(cudaMemcpy(logits.data(), p->logits(), logits.size() * 4, cudaMemcpyDeviceToHost));
+
+    auto follow_device = [&](int layer, std::vector<int>& ids, std::vector<float>& w) {
+      const auto& [dev_ids, dev_w] = routing.at(layer);
+      for (int b = 0; b < kRows; ++b) {
+        if (in.slot_ids[b] < 0) continue;
+        ++routed_rows;
+        const std::set<int> a(ids.begin() + b * k, ids.begin() + (b + 1) * k), d(dev_ids.begin() + b * k, dev_ids.begin() + (b + 1) * k);
+        if (a != d) {
+          ++differing_rows;
+          continue;
+        }
+        for (int j = 0; j < k; ++j)  // same experts: same weights (each id once per row)
+          for (int i = 0; i < k; ++i)
+            if (dev_ids[b * k + i] == ids[b * k + j]) EXPECT_NEAR(dev_w[b * k + i], w[b * k + j], 2e-3 * std::fabs(w[b * k + j]) + 1e-6);
+      }
+      ids = dev_ids, w = dev_w;
+    };
+    const std::vector<double> want =
+        ref::decode_step(c, p->options(), p->weight_layout(), weights.data(), in, kRows, true, ref_state, follow_device);
+    std::vector<float> got_rows;
+    std::vector<double> want_rows;
+    for (int b = 0; b < kRows; ++b) {
+      if (in.slot_ids[b] < 0) continue;
+      got_rows.insert(got_rows.end(), logits.begin() + std::size_t(b) * vocab, logits.begin() + std::size_t(b + 1) * vocab);
+      want_rows.insert(want_rows.end(), want.begin() + std::size_t(b) * vocab, want.begin() + std::size_t(b + 1) * vocab);
+    }
+    const double err = test::rel_l2(got_rows, want_rows);
+    worst_logits = std::max(worst_logits, err);
+    EXPECT_LT(err, 1e-2) << "logits, step " << t;
+  }
+  EXPECT_LE(differing_rows, 2) << "of " << routed_rows << " routed rows chose other experts than the reference";
+
+  // States after the steps: the KDA slots and MLA pages the steps used.
+  const std::vector<char> state = download_bytes(p->state(), std::size_t(p->state_layout().total_bytes()));
+  double worst_kda = 0, worst_cache = 0;
+  for (int l = 0; l < c.layers(); ++l) {
+    if (c.attention[l] == Attention::kKda) {
+      const TensorInfo* t = p->state_layout().find(layer_tensor(l, "kda_recurrent"));
+      const std::size_t per_slot = std::size_t(t->bytes) / 4 / kSlots;
+      for (int slot : {0, 2, 3}) {
+        std::vector<float> got(per_slot);
+        std::memcpy(got.data(), state.data() + t->offset + slot * per_slot * 4, per_slot * 4);
+        const std::vector<double> want(ref_state.kda_recurrent[l].begin() + slot * per_slot,
+                                       ref_state.kda_recurrent[l].begin() + (slot + 1) * per_slot);
+        const double err = test::rel_l2(got, want);
+        worst_kda = std::max(worst_kda, err);
+        EXPECT_LT(err, 1e-2) << t->name << " slot " << slot;
+      }
+    } else {
+      const TensorInfo* t = p->state_layout().find(layer_tensor(l, "mla_cache"));
+      const std::size_t per_page = std::size_t(ops::kMlaPageTokens) * ops::kMlaRowDim;
+      for (int page : {0, 1, 4, 8}) {  // A's two pages, B's first, C's first
+        std::vector<float> got(per_page);
+        const auto* src = reinterpret_cast<const __nv_bfloat16*>(state.data() + t->offset) + page * per_page;
+        for (std::size_t i = 0; i < per_page; ++i) got[i] = __bfloat162float(src[i]);
+        const std::vector<float> want(ref_state.mla_cache[l].begin() + page * per_page, ref_state.mla_cache[l].begin() + (page + 1) * per_page);
+        const double err = test::rel_l2(got, want);
+        worst_cache = std::max(worst_cache, err);
+        EXPECT_LT(err, 1e-2) << t->name << " page " << page;
+      }
+    }
+  }
+  std::cout << "[ measured ] logits rel L2 <= " << worst_logits << ", KDA state <= " << worst_kda << ", cache rows <= " << worst_cache
+            << ", " << differing_rows << " of " << routed_rows << " routed rows differ\n";
   CUDA_OK(cudaStreamDestroy(stream));
 }
 

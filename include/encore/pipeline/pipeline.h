@@ -77,6 +77,9 @@ class Pipeline {
   Status set_step(const StepInputs& in);
   // The whole step on `stream`: the staged inputs' copy, then every stage. Capturable.
   Status enqueue_step(cudaStream_t stream);
+  // Its first half, the copy alone: a caller may then run the stages itself (run_stage), e.g. to
+  // look at intermediate buffers between them.
+  Status enqueue_inputs(cudaStream_t stream);
   // Host read of the sticky error flags of the MLA and MoE stages (synchronises `stream`; call
   // outside a step). Returns the first error and clears the flags.
   Status read_errors(cudaStream_t stream);

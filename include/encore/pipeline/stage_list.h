@@ -106,6 +106,9 @@ struct StageListInputs {
 
 Status build_stage_list(const StageListInputs& in, std::vector<Stage>& stages);
 
+// The MoE op's routing parameters for a model's MoE layers.
+ops::MoeRoutingConfig moe_routing(const ModelConfig& c);
+
 // The launcher's host-side validation of the stage's params, without a GPU (kda_validate,
 // mla_validate, the q4k GEMV and MoE *_validate functions, the pipeline's own stages).
 Status validate_stage(const Stage& s);
