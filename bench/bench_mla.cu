@@ -1,21 +1,21 @@
 // MLA decode benchmarks, Kimi-Linear shape (32 heads, NoPE): split-KV attention + combine over the
 // paged latent cache, graph-replayed, caches rotated beyond L2. Bytes counted: one 576-wide bf16
 // row per cached token (it serves K and V), i.e. 1152 B per token; partials are not counted.
-// Rows: attention (split-KV + combine), split-KV alone (the combine's share is the difference),
-// and the scheduler alone (run once per step, shared by the 7 MLA layers).
+// Rows: attention fused into one kernel (mla_attention with counters), split-KV + combine as two
+// kernels, split-KV alone (the combine's share is the difference), and the scheduler alone (run
+// once per step, shared by the 7 MLA layers); at 128 x 8K also the account of the split-KV time.
 //
-// Measured 2026-12-02 on one H200 (132 SMs, measured read 4457-4472 GB/s), us per call (median):
-// split-KV with Q^T in registers (each K element read once from shared memory), 2 cp.async
-// stages of whole pages; parallel tape scheduler.
-//   B x S      attention  %read  split-KV only  combine share  scheduler  FlashMLA sm90
-//   1 x 4K       16.2       6.5      10.7            34%           2.3        23.6
-//   1 x 32K      31.8      26.6      22.0            31%           2.6        45.0
-//   1 x 128K     67.5      50.0      57.7            15%           2.6        75.7
-//   64 x 4K     121.5      55.6     108.5            11%           3.1        97
-//   128 x 8K    411.0      65.7     391.9             5%           3.4       319
-// Account of the split-KV time at 128 x 8K: the loads alone 302.6 us (90% of read bandwidth), the
-// math alone 260.2 us, both 388.5 us: with two whole-page stages only one page is in flight while
-// a page is computed, so the two barely overlap. Bulk row copies (mbarrier) measured 576.7 us.
+// Measured 2026-12-02 on one H200 (132 SMs, measured read 4438-4482 GB/s), us per call (median):
+//   B x S      fused  %read  2 kernels  split-KV only  scheduler  FlashMLA sm90
+//   1 x 4K     16.32   6.5     15.55        10.64         2.30        23.6
+//   1 x 32K    28.42  29.9     29.69        21.91         2.63        45.0
+//   1 x 128K   64.92  52.4     66.18        57.47         2.60        75.7
+//   64 x 4K   126.81  53.7    123.51       108.52         3.14        97
+//   128 x 8K  402.65  67.6    405.65       383.66         3.36       319
+// Account of the split-KV time at 128 x 8K: loads alone 302.5 us (89% of read bandwidth), math
+// alone 262.2 us, both 383.7 us; bulk row copies (mbarrier) 582.6 us. L2 prefetch of the next
+// 1 / 2 / 4 pages (cp.async.bulk.prefetch.L2) measured slower wherever a split has more than two
+// pages (128 x 8K: 419 us without, 444 / 438 / 536 with) and was dropped.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -59,22 +59,28 @@ __global__ void fill_bf16(__nv_bfloat16* p, std::size_t n, std::uint64_t seed) {
   }
 }
 
-enum Mode { kAttention = 0, kSplitKvOnly = 1, kSchedOnly = 2, kBulkCopy = 3, kLoadsOnly = 4, kComputeOnly = 5 };
+enum Mode {
+  kAttention = 0,    // mla_attention with counters: the fused one-kernel path
+  kUnfused = 1,      // mla_splitkv then mla_combine
+  kSplitKvOnly = 2,  // mla_splitkv alone (the combine's share is the difference)
+  kSchedOnly = 3,
+  kBulkCopy = 4,
+  kLoadsOnly = 5,
+  kComputeOnly = 6,
+};
 
 // The split-KV kernel with another variant of the body (mla_splitkv_tile.cuh): for the account of
 // the time only (loads-only and compute-only give meaningless outputs).
 template <mla::SplitKvVariant V>
 void launch_variant(const MlaAttentionParams& p, cudaStream_t st) {
-  const std::size_t smem = mla::mla_splitkv_smem_bytes();
+  const int smem = int(mla::mla_splitkv_smem_bytes());
+  static const bool attr_set = [&] {  // once per kernel
+    BENCH_CUDA(cudaFuncSetAttribute(mla::mla_splitkv_kernel<V>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)attr_set;
   mla::mla_splitkv_kernel<V><<<mla_splitkv_num_tiles(p), kBlockThreads, smem, st>>>(p);
   BENCH_CUDA(cudaGetLastError());
-}
-
-void set_variant_smem() {
-  const int smem = int(mla::mla_splitkv_smem_bytes());
-  BENCH_CUDA(cudaFuncSetAttribute(mla::mla_splitkv_kernel<mla::SplitKvVariant::kBulk>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  BENCH_CUDA(cudaFuncSetAttribute(mla::mla_splitkv_kernel<mla::SplitKvVariant::kLoadsOnly>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  BENCH_CUDA(cudaFuncSetAttribute(mla::mla_splitkv_kernel<mla::SplitKvVariant::kComputeOnly>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
 }
 
 void BM_MlaDecode(benchmark::State& state) {
@@ -103,7 +109,9 @@ void BM_MlaDecode(benchmark::State& state) {
   const int parts = parts_arg > 0 ? parts_arg : mla_num_parts(heads);
   DeviceMemory q576(std::size_t(batch) * heads * kMlaRowDim * 2), meta(std::size_t(parts) * kMlaMetaInts * 4),
       splits((batch + 1) * 4), flag(4), o_lat(std::size_t(batch) * heads * kMlaLatentDim * 4), lse(std::size_t(batch) * heads * 4),
-      part_o(std::size_t(batch + parts) * heads * kMlaLatentDim * 4), part_lse(std::size_t(batch + parts) * heads * 4);
+      part_o(std::size_t(batch + parts) * heads * kMlaLatentDim * 4), part_lse(std::size_t(batch + parts) * heads * 4),
+      counters(std::size_t(batch) * 4);
+  BENCH_CUDA(cudaMemset(counters.ptr, 0, std::size_t(batch) * 4));  // the fused kernel leaves them zero
   fill_bf16<<<256, 256>>>(q576.as<__nv_bfloat16>(), std::size_t(batch) * heads * kMlaRowDim, 5);
 
   MlaPagedCache cache;
@@ -138,35 +146,41 @@ void BM_MlaDecode(benchmark::State& state) {
   ap.lse = lse.as<float>();
   ap.partial_o = part_o.as<float>();
   ap.partial_lse = part_lse.as<float>();
+  ap.counters = counters.as<std::int32_t>();
+  if (mode == kAttention && !mla_attention_fused(ap)) {
+    state.SkipWithError("the fused path does not apply to this shape");
+    return;
+  }
 
-  set_variant_smem();
   time_graph(state, [&](int i, cudaStream_t st) {
     MlaAttentionParams p = ap;
     p.cache = cache;
     p.cache.pages = pool.as<__nv_bfloat16>() + (cache_bytes / 2) * (i % copies);
-    if (mode == kAttention) check(mla_attention(p, st));
-    else if (mode == kSplitKvOnly) check(mla_splitkv(p, st));
-    else if (mode == kSchedOnly) check(mla_sched(sp, st));
-    else if (mode == kBulkCopy) launch_variant<mla::SplitKvVariant::kBulk>(p, st);
-    else if (mode == kLoadsOnly) launch_variant<mla::SplitKvVariant::kLoadsOnly>(p, st);
-    else launch_variant<mla::SplitKvVariant::kComputeOnly>(p, st);
+    using V = mla::SplitKvVariant;
+    switch (mode) {
+      case kAttention: check(mla_attention(p, st)); break;
+      case kUnfused: check(mla_splitkv(p, st)); check(mla_combine(p, st)); break;
+      case kSplitKvOnly: check(mla_splitkv(p, st)); break;
+      case kSchedOnly: check(mla_sched(sp, st)); break;
+      case kBulkCopy: launch_variant<V::kBulk>(p, st); break;
+      case kLoadsOnly: launch_variant<V::kLoadsOnly>(p, st); break;
+      default: launch_variant<V::kComputeOnly>(p, st); break;
+    }
   }, std::max(copies, 8), mode == kSchedOnly ? 0.0 : bytes);
   state.counters["splits"] = ns[batch];
   state.counters["copies"] = copies;
-  static const char* const labels[] = {"splitkv+combine", "splitkv only", "scheduler only", "splitkv bulk-copy variant",
-                                       "splitkv loads only (no math)", "splitkv math only (no loads)"};
+  static const char* const labels[] = {"attention fused (op)", "splitkv + combine kernels", "splitkv only",
+                                       "scheduler only", "splitkv bulk-copy variant", "splitkv loads only (no math)",
+                                       "splitkv math only (no loads)"};
   state.SetLabel(labels[mode]);
 }
 
 void mla_shapes(benchmark::internal::Benchmark* b) {
-  for (int mode : {kAttention, kSplitKvOnly, kSchedOnly})
-    for (auto [batch, len] : {std::pair{1, 4096}, {1, 32768}, {1, 131072}, {64, 4096}, {128, 8192}}) b->Args({batch, len, mode, 0});
-  // Fewer parts at batch 1: fewer, longer splits (less partial traffic and combine work, fewer SMs).
-  for (int parts : {66, 33})
-    for (int len : {4096, 32768}) b->Args({1, len, kAttention, parts});
+  const std::pair<int, int> shapes[] = {{1, 4096}, {1, 32768}, {1, 131072}, {64, 4096}, {128, 8192}};
+  for (int mode : {kAttention, kUnfused, kSplitKvOnly, kSchedOnly})
+    for (auto [batch, len] : shapes) b->Args({batch, len, mode, 0});
   // Account of the split-KV time: copy variant, loads alone, math alone.
-  for (int mode : {kBulkCopy, kLoadsOnly, kComputeOnly})
-    for (auto [batch, len] : {std::pair{1, 4096}, {1, 131072}, {128, 8192}}) b->Args({batch, len, mode, 0});
+  for (int mode : {kBulkCopy, kLoadsOnly, kComputeOnly}) b->Args({128, 8192, mode, 0});
 }
 BENCHMARK(BM_MlaDecode)->Apply(mla_shapes)->ArgNames({"B", "S", "mode", "parts"})->UseManualTime();
 

@@ -55,6 +55,14 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, std::u
                : "memory");
 }
 
+// Integer counters that blocks of one grid use to meet (the fused combine): acquire loads see
+// everything a releasing block wrote before its increment.
+__device__ __forceinline__ int load_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -101,9 +101,4 @@ Status mla_v_up(const MlaVUpParams& p, cudaStream_t stream) {
   return detail::launch(mla_v_up_kernel, grid_for(mla_v_up_num_tiles(p), 4), 0, stream, true, "mla_v_up_kernel", p);
 }
 
-Status mla_attention(const MlaAttentionParams& p, cudaStream_t stream) {
-  ENCORE_RETURN_IF_ERROR(mla_splitkv(p, stream));
-  return mla_combine(p, stream);
-}
-
 }  // namespace encore::ops

@@ -1,4 +1,5 @@
-// Split-KV attention kernel and launcher (one block per tile: ~196 KB of shared memory each).
+// Split-KV attention kernel and launchers (one block per tile: ~196 KB of shared memory each):
+// mla_splitkv alone, and mla_attention, which fuses the combine when it can.
 #include <encore/ops/mla.h>
 
 #include "common/cuda_check.h"
@@ -9,14 +10,43 @@ namespace encore::ops {
 
 int mla_splitkv_num_tiles(const MlaAttentionParams& p) { return p.num_parts * mla::head_groups(p.num_heads); }
 
-Status mla_splitkv(const MlaAttentionParams& p, cudaStream_t stream) {
-  ENCORE_RETURN_IF_ERROR(mla_validate(p));
+namespace {
+
+Status check_splitkv_smem() {
   const std::size_t smem = mla::mla_splitkv_smem_bytes();
-  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   ENCORE_REQUIRE(smem <= std::size_t(detail::max_shared_memory_per_block()), StatusCode::kUnsupported,
                  "mla_splitkv: needs ", smem, " bytes of shared memory per block; the device offers ",
                  detail::max_shared_memory_per_block());
-  return detail::launch(mla::mla_splitkv_kernel<>, mla_splitkv_num_tiles(p), smem, stream, true, "mla_splitkv_kernel", p);
+  return {};
+}
+
+}  // namespace
+
+Status mla_splitkv(const MlaAttentionParams& p, cudaStream_t stream) {
+  ENCORE_RETURN_IF_ERROR(mla_validate(p));
+  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
+  ENCORE_RETURN_IF_ERROR(check_splitkv_smem());
+  return detail::launch(mla::mla_splitkv_kernel<>, mla_splitkv_num_tiles(p), mla::mla_splitkv_smem_bytes(), stream, true,
+                        "mla_splitkv_kernel", p);
+}
+
+// Fused only while every tile has its own SM: a tile waits for the other parts of its requests,
+// which therefore must all be resident (more than half of an SM's shared memory per block means
+// one block per SM).
+bool mla_attention_fused(const MlaAttentionParams& p) {
+  return p.counters != nullptr && mla_splitkv_num_tiles(p) <= detail::sm_count();
+}
+
+Status mla_attention(const MlaAttentionParams& p, cudaStream_t stream) {
+  ENCORE_RETURN_IF_ERROR(mla_validate(p));
+  if (!mla_attention_fused(p)) {
+    ENCORE_RETURN_IF_ERROR(mla_splitkv(p, stream));
+    return mla_combine(p, stream);
+  }
+  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
+  ENCORE_RETURN_IF_ERROR(check_splitkv_smem());
+  return detail::launch(mla::mla_splitkv_kernel<mla::SplitKvVariant::kCpAsync, true>,
+                        mla_splitkv_num_tiles(p), mla::mla_splitkv_smem_bytes(), stream, true, "mla_attention_fused_kernel", p);
 }
 
 }  // namespace encore::ops

@@ -1,6 +1,8 @@
 // The split-KV kernel: each block walks (scheduler part, head group) tiles. A template over the
 // body's variant, so the tests and the benchmark run the bulk-copy and loads-only / math-only
-// variants through the very kernel the op launches (kCpAsync).
+// variants through the very kernel the op launches. kFusedCombine = true is
+// mla_attention's one-kernel path: it must be launched with one block per tile, all co-resident
+// (mla_attention checks tiles <= SMs; one ~196 KB block fits per SM).
 #pragma once
 
 #include <encore/ops/mla.h>
@@ -10,14 +12,14 @@
 
 namespace encore::ops::mla {
 
-template <SplitKvVariant kVariant = SplitKvVariant::kCpAsync>
+template <SplitKvVariant kVariant = SplitKvVariant::kCpAsync, bool kFusedCombine = false>
 __global__ void __launch_bounds__(kBlockThreads, 1) mla_splitkv_kernel(const __grid_constant__ MlaAttentionParams p) {
   extern __shared__ __align__(128) char smem[];
   encore::device::wait_for_upstream();
   encore::device::allow_downstream();  // the combine's own wait still covers all of this grid
   const int tiles = p.num_parts * head_groups(p.num_heads);
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    mla_splitkv_tile<kVariant>(p, tile, smem);
+    mla_splitkv_tile<kVariant, kFusedCombine>(p, tile, smem);
     __syncthreads();
   }
 }

@@ -4,7 +4,8 @@
 // (576 columns) and V (its first 512 columns). Pages stream through a 2-stage pipeline of 16-byte
 // cp.async copies; rows beyond the sequence length are zero-filled, never loaded. (A variant with
 // one bulk copy per 1152-byte row on an mbarrier gives identical results but measured 577 us
-// against 388 us at 128 x 8K on the H200, so cp.async is the op's path.)
+// against 388 us at 128 x 8K on the H200, so cp.async is the op's path. Pulling the next 1-4
+// pages into L2 with bulk prefetches measured 4-28% slower at 128 x 8K and was dropped.)
 //
 // Warp roles (8 warps, 256 threads):
 //   scores:  S^T = K Q^T. Warp w computes tokens 32*(w%2)..+31 x all 32 heads over the k slice
@@ -22,6 +23,7 @@
 #include <encore/ops/mla.h>
 
 #include "common/launch.cuh"
+#include "mla/mla_combine.cuh"
 #include "mla/mla_device.cuh"
 #include "mla/mla_plan.h"
 
@@ -143,23 +145,66 @@ __device__ __forceinline__ void load_page(const MlaAttentionParams& p, std::int3
   }
 }
 
+__device__ __forceinline__ std::int32_t* fused_counter(const MlaAttentionParams& p, int req, int group) {
+  return p.counters + std::int64_t(req) * head_groups(p.num_heads) + group;
+}
+
+// Fused combine, arrival: this part's partial of (request, head group) is written (by all
+// threads, before the barrier); the release orders it before the increment.
+__device__ __forceinline__ void fused_arrive(std::int32_t* counter) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(counter, 1);
+  }
+}
+
+// Fused combine of one split request: wait until all `splits` parts have arrived, merge slice
+// `split_idx` of the group's float4 items (disjoint slices, mla_combine's order), then leave; the
+// last part to leave (count 2 splits) resets the counter to zero for the next call. `smem`: the
+// free page stages. A flagged step merges nothing but still keeps the counter protocol.
+__device__ inline void fused_combine(const MlaAttentionParams& p, int req, int group, int split_idx, bool write,
+                                     std::int32_t* counter, char* smem) {
+  const int first = p.num_splits[req];
+  const int splits = p.num_splits[req + 1] - first;
+  if (threadIdx.x == 0) {
+    while (device::load_acquire_gpu(counter) < splits) __nanosleep(32);
+    __threadfence();
+  }
+  __syncthreads();
+  if (write) {
+    const int warp = threadIdx.x / 32;
+    const int head0 = group * Cfg::kRows, heads = min(Cfg::kRows, p.num_heads - head0);
+    const int items = heads * kFloat4PerRow, item0 = head0 * kFloat4PerRow;
+    const int begin = item0 + split_idx * items / splits, end = item0 + (split_idx + 1) * items / splits;
+    if (begin < end) {  // uniform over the block
+      float4* red = reinterpret_cast<float4*>(smem);
+      float* weight = reinterpret_cast<float*>(smem + kCombineRedBytes);  // [heads of the slice][splits]
+      const int h_lo = begin / kFloat4PerRow, h_hi = (end - 1) / kFloat4PerRow;
+      for (int h = h_lo + warp; h <= h_hi; h += kWarpsPerBlock) {
+        const float lse = combine_weights_warp(p.partial_lse + std::int64_t(first) * p.num_heads + h, p.num_heads, splits,
+                                               weight + (h - h_lo) * splits);
+        // The slice holding a row's first item writes the row's LSE.
+        if (threadIdx.x % 32 == 0 && h * kFloat4PerRow >= begin) p.lse[std::int64_t(req) * p.num_heads + h] = lse;
+      }
+      __syncthreads();
+      combine_items(p, req, first, splits, begin, end, weight, h_lo, red);  // ends with a barrier
+    }
+  }
+  if (threadIdx.x == 0 && atomicAdd(counter, 1) == 2 * splits - 1) atomicExch(counter, 0);
+}
+
 }  // namespace detail_splitkv
 
-// One tile: every (request, page range) of part tile / groups, heads of group tile % groups.
-template <SplitKvVariant kVariant = SplitKvVariant::kCpAsync>
-__device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, char* smem_base) {
+// Every (request, page range) of one part for the heads of `group`: scores, online softmax and
+// P V per page, then the final output or this split's partial (and, fused, the arrival).
+template <SplitKvVariant kVariant, bool kFusedCombine>
+__device__ inline void splitkv_part(const MlaAttentionParams& p, int group, const std::int32_t* meta, char* smem_base) {
   using Cfg = SplitKvConfig;
   using namespace detail_splitkv;
   constexpr bool kBulk = kVariant != SplitKvVariant::kCpAsync;
   constexpr bool kMath = kVariant != SplitKvVariant::kLoadsOnly;
-  if (device::step_flagged(p.error_flag)) return;
-  const int groups = head_groups(p.num_heads);
-  const int part = tile / groups, group = tile % groups;
-  const std::int32_t* meta = p.sched_meta + part * kMlaMetaInts;
-  const int begin_req = meta[kMetaBeginReq];
-  if (begin_req < 0) return;
-  const int end_req = meta[kMetaEndReq];
-
+  const int begin_req = meta[kMetaBeginReq], end_req = meta[kMetaEndReq];
   SplitKvSmem sm(smem_base);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;  // scores in log2 units, fp32
@@ -367,6 +412,41 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
         lse_base[head] = lse;
       }
     }
+    if constexpr (kFusedCombine)
+      if (is_split) fused_arrive(fused_counter(p, req, group));
+  }
+}
+
+// One tile: every (request, page range) of part tile / groups, heads of group tile % groups.
+// kFusedCombine: the tiles of a split request merge its partials themselves (fused_combine; needs
+// p.counters and all tiles co-resident, which the launcher guarantees).
+template <SplitKvVariant kVariant = SplitKvVariant::kCpAsync, bool kFusedCombine = false>
+__device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, char* smem_base) {
+  using namespace detail_splitkv;
+  // Read once: split-KV itself may OR in kMlaErrorPageId while other tiles run, and the fused
+  // tiles must all keep the counter protocol whatever they see.
+  const bool flagged = device::step_flagged(p.error_flag);
+  if (flagged && !kFusedCombine) return;
+  const int groups = head_groups(p.num_heads);
+  const int part = tile / groups, group = tile % groups;
+  const std::int32_t* meta = p.sched_meta + part * kMlaMetaInts;
+  const int begin_req = meta[kMetaBeginReq];
+  if (begin_req < 0) return;
+  const int end_req = meta[kMetaEndReq];
+  const bool first_split = meta[kMetaFirstIsSplit] != 0;
+  const bool last_split = meta[kMetaLastIsSplit] != 0 && end_req != begin_req;
+  if (flagged) {  // (fused only) arrive for the split requests; nothing is computed or written
+    if (first_split) fused_arrive(fused_counter(p, begin_req, group));
+    if (last_split) fused_arrive(fused_counter(p, end_req, group));
+  } else {
+    splitkv_part<kVariant, kFusedCombine>(p, group, meta, smem_base);
+  }
+  if constexpr (kFusedCombine) {
+    // All arrivals of this tile precede its waits, so no tile waits on one that waits on it.
+    __syncthreads();  // the page stages are free (every copy of every request was awaited)
+    char* stages = reinterpret_cast<char*>(SplitKvSmem(smem_base).page);
+    if (first_split) fused_combine(p, begin_req, group, meta[kMetaBeginSplit], !flagged, fused_counter(p, begin_req, group), stages);
+    if (last_split) fused_combine(p, end_req, group, 0, !flagged, fused_counter(p, end_req, group), stages);
   }
 }
 

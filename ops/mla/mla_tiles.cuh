@@ -11,6 +11,7 @@
 #include <encore/ops/mla.h>
 
 #include "common/launch.cuh"
+#include "mla/mla_combine.cuh"
 #include "mla/mla_device.cuh"
 #include "mla/mla_plan.h"
 
@@ -165,81 +166,33 @@ __device__ inline void mla_q_absorb_tile(const MlaQAbsorbParams& p, int tile, ch
 // ---- combine (tile = (request, head, column slice)) --------------------------------------------
 // Few requests (many splits each): 4 slices of 128 columns per row, so more blocks share the
 // reads. Many requests (few splits each): one slice of 512 columns, so fewer, fuller tiles.
+// The math is mla_combine.cuh's, shared with the combine fused into split-KV.
 struct CombineConfig {
   __host__ __device__ static int slices(int num_seqs) { return num_seqs >= 8 ? 1 : 4; }
 };
 inline std::size_t mla_combine_smem_bytes(int num_parts) {
-  return (std::size_t(num_parts) + 1) * sizeof(float) + std::size_t(kWarpsPerBlock) * kMlaLatentDim * sizeof(float) + 16;
+  return kCombineRedBytes + (std::size_t(num_parts) + 1) * sizeof(float);
 }
 
 __device__ inline void mla_combine_tile(const MlaAttentionParams& p, int tile, char* smem) {
   if (device::step_flagged(p.error_flag)) return;
   const int slices = CombineConfig::slices(p.num_seqs);
-  const int cols = kMlaLatentDim / slices, vecs = cols / 128;  // float4 per lane: 1 or 4
   const int slice = tile % slices;
   const int head = (tile / slices) % p.num_heads;
   const int req = tile / slices / p.num_heads;
   const int first = p.num_splits[req];
   const int splits = p.num_splits[req + 1] - first;
   if (splits <= 1) return;  // written final by the split-KV tile
-  float* red = reinterpret_cast<float*>(smem);                   // [8 warps][cols]
-  float* weight = red + kWarpsPerBlock * kMlaLatentDim;          // [splits]
-  __shared__ float lse_total;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (warp == 0) {
-    // m = max lse_i (0 if all -inf); L = sum exp(lse_i - m); lse = m + log L; w_i = exp(lse_i - lse).
-    float m = -INFINITY;
-    for (int i = lane; i < splits; i += 32) m = fmaxf(m, p.partial_lse[std::int64_t(first + i) * p.num_heads + head]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (m == -INFINITY) m = 0.f;
-    float sum = 0.f;
-    for (int i = lane; i < splits; i += 32) sum += expf(p.partial_lse[std::int64_t(first + i) * p.num_heads + head] - m);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    const float lse = sum > 0.f ? m + logf(sum) : INFINITY;
-    for (int i = lane; i < splits; i += 32)
-      weight[i] = sum > 0.f ? expf(p.partial_lse[std::int64_t(first + i) * p.num_heads + head] - lse) : 0.f;
-    if (lane == 0) lse_total = lse;
+  float4* red = reinterpret_cast<float4*>(smem);
+  float* weight = reinterpret_cast<float*>(smem + kCombineRedBytes);  // [splits]
+  if (threadIdx.x < 32) {
+    const float lse = combine_weights_warp(p.partial_lse + std::int64_t(first) * p.num_heads + head, p.num_heads, splits, weight);
+    if (slice == 0 && threadIdx.x == 0) p.lse[std::int64_t(req) * p.num_heads + head] = lse;
   }
   __syncthreads();
-  // Warp w sums splits w, w+8, ...; the eight partial sums are then added in warp order.
-  float4 acc[4];
-#pragma unroll
-  for (int v = 0; v < 4; ++v) acc[v] = make_float4(0.f, 0.f, 0.f, 0.f);
-  const int col0 = slice * cols + lane * 4;  // lane's float4 v sits at col0 + 128 v
-#pragma unroll 2
-  for (int i = warp; i < splits; i += kWarpsPerBlock) {
-    const float w = weight[i];
-    const float* o = p.partial_o + (std::int64_t(first + i) * p.num_heads + head) * kMlaLatentDim + col0;
-#pragma unroll
-    for (int v = 0; v < 4; ++v)
-      if (v < vecs) {
-        const float4 x = *reinterpret_cast<const float4*>(o + 128 * v);
-        acc[v].x += w * x.x;
-        acc[v].y += w * x.y;
-        acc[v].z += w * x.z;
-        acc[v].w += w * x.w;
-      }
-  }
-#pragma unroll
-  for (int v = 0; v < 4; ++v)
-    if (v < vecs) *reinterpret_cast<float4*>(red + warp * kMlaLatentDim + lane * 4 + 128 * v) = acc[v];
-  __syncthreads();
-  // All 256 threads add the eight rows in warp order: thread t owns float4 t of the slice.
-  for (int c = threadIdx.x; c < cols / 4; c += kBlockThreads) {
-    float4 total = *reinterpret_cast<const float4*>(red + c * 4);
-    for (int w = 1; w < kWarpsPerBlock; ++w) {
-      const float4 x = *reinterpret_cast<const float4*>(red + w * kMlaLatentDim + c * 4);
-      total.x += x.x;
-      total.y += x.y;
-      total.z += x.z;
-      total.w += x.w;
-    }
-    *reinterpret_cast<float4*>(p.o_lat + (std::int64_t(req) * p.num_heads + head) * kMlaLatentDim + slice * cols + c * 4) = total;
-  }
-  if (slice == 0 && threadIdx.x == 0) p.lse[std::int64_t(req) * p.num_heads + head] = lse_total;
-  __syncthreads();  // smem reused by the next tile of a grid-stride loop
+  const int per_slice = kFloat4PerRow / slices;
+  const int begin = head * kFloat4PerRow + slice * per_slice;
+  combine_items(p, req, first, splits, begin, begin + per_slice, weight, head, red);  // ends with a barrier
 }
 
 // ---- V up-projection (tile = (head, 32 output rows)) ---------------------------------------------

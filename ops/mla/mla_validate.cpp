@@ -45,6 +45,8 @@ Status check_rope(const MlaRope& r, const char* op) {
   return {};
 }
 
+int mla_head_groups(int num_heads) { return (num_heads + 31) / 32; }  // split-KV tiles per part
+
 std::size_t pool_bytes(const MlaPagedCache& c) { return std::size_t(c.num_pages) * kMlaPageTokens * kMlaRowDim * 2; }
 
 }  // namespace
@@ -146,6 +148,14 @@ Status mla_validate(const MlaAttentionParams& p) {
                            {p.seq_lens, std::size_t(p.num_seqs) * 4, "seq_lens"},
                            {p.sched_meta, std::size_t(p.num_parts) * kMlaMetaInts * 4, "sched_meta"},
                            {p.num_splits, std::size_t(p.num_seqs + 1) * 4, "num_splits"}};
+  if (p.counters != nullptr) {
+    ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.counters, 4, "mla_attention: counters"));
+    const std::size_t counter_bytes = std::size_t(p.num_seqs) * mla_head_groups(p.num_heads) * 4;
+    for (const Region& r : outputs)
+      ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.counters, counter_bytes, "counters", r.ptr, r.bytes, r.name));
+    for (const Region& r : inputs)
+      ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.counters, counter_bytes, "counters", r.ptr, r.bytes, r.name));
+  }
   for (int i = 0; i < 4; ++i) {
     for (int j = i + 1; j < 4; ++j)
       ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(outputs[i].ptr, outputs[i].bytes, outputs[i].name, outputs[j].ptr,

@@ -230,6 +230,10 @@ TEST(MlaValidationCpu, AttentionRejectsBadInputBeforeLaunch) {
   { auto p = good_attention(); p.num_seqs = 0; expect(p, StatusCode::kInvalidArgument); }
   { auto p = good_attention(); p.lse = p.o_lat + 100; expect(p, StatusCode::kOverlap); }
   { auto p = good_attention(); p.partial_o = fake<float>(0x10000000); expect(p, StatusCode::kOverlap); }  // on the cache
+  { auto p = good_attention(); p.counters = fake<std::int32_t>(0x250002); expect(p, StatusCode::kMisaligned); }
+  { auto p = good_attention(); p.counters = fake<std::int32_t>(0x2000004); expect(p, StatusCode::kOverlap); }  // on lse
+  { auto p = good_attention(); p.counters = fake<std::int32_t>(0x230004); expect(p, StatusCode::kOverlap); }  // on num_splits
+  { auto p = good_attention(); p.counters = fake<std::int32_t>(0x250000); EXPECT_TRUE(mla_validate(p).ok()); }
 }
 
 TEST(MlaValidationCpu, OtherLaunchersRejectBadInput) {

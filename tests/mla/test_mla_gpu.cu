@@ -39,7 +39,8 @@ struct MlaRig {
   std::vector<std::int32_t> lens, positions, table;
   std::vector<float> q, kv_a, norm_w, kv_b_f;
   std::vector<bf16> kv_b, pool;
-  test::DeviceBuffer<std::int32_t> d_lens, d_pos, d_table, d_meta, d_splits, d_flag;
+  test::DeviceBuffer<std::int32_t> d_lens, d_pos, d_table, d_meta, d_splits, d_flag, d_counters;
+  bool fused = true;  // hand counters to mla_attention (its one-kernel path where it applies)
   test::DeviceBuffer<float> d_q, d_kv_a, d_norm, d_olat, d_lse, d_po, d_plse, d_out;
   test::DeviceBuffer<bf16> d_kv_b, d_pool, d_q576;
 
@@ -94,6 +95,7 @@ struct MlaRig {
     d_po = test::DeviceBuffer<float>(std::size_t(n + parts) * heads * kMlaLatentDim);
     d_plse = test::DeviceBuffer<float>(std::size_t(n + parts) * heads);
     d_out = test::DeviceBuffer<float>(std::size_t(n) * heads * kMlaVHeadDim);
+    d_counters = test::DeviceBuffer<std::int32_t>(std::vector<std::int32_t>(std::size_t(n) * ((heads + 31) / 32), 0));
     set_lens(table_lens);
   }
 
@@ -161,6 +163,7 @@ struct MlaRig {
     p.lse = d_lse.get();
     p.partial_o = d_po.get();
     p.partial_lse = d_plse.get();
+    p.counters = fused ? d_counters.get() : nullptr;
     return p;
   }
   Status enqueue(cudaStream_t stream) const {
@@ -186,6 +189,12 @@ struct MlaRig {
     return mla_v_up(vu, stream);
   }
 
+  // The fused kernel must hand its counters back zeroed (the next call relies on it).
+  void expect_counters_zero() const {
+    const std::vector<std::int32_t> c = d_counters.download();
+    EXPECT_EQ(std::count(c.begin(), c.end(), 0), std::ptrdiff_t(c.size())) << "fused-combine counters not reset";
+  }
+
   // Latent rows of request b as the device holds them (fp32 copies of bf16).
   std::vector<float> gather(const std::vector<bf16>& dev_pool, int b) const {
     std::vector<float> rows(std::size_t(lens[b]) * kMlaRowDim);
@@ -201,6 +210,7 @@ struct MlaRig {
   std::vector<float> check(bool check_pool = true, bool model_level = true) {
     const std::vector<std::int32_t> flag = d_flag.download();
     EXPECT_EQ(flag[0], 0);
+    expect_counters_zero();
     // Scheduler: bit-identical to the CPU plan.
     const ref::MlaSchedule plan = ref::mla_sched(lens, parts, kMlaDefaultFixedOverhead);
     EXPECT_EQ(d_meta.download(), plan.meta) << "scheduler meta differs from the CPU plan";
@@ -275,8 +285,8 @@ struct MlaRig {
         EXPECT_TRUE(std::all_of(out_got.begin(), out_got.end(), [](float v) { return std::isfinite(v); }));
       }
     }
-    std::printf("[mla] N=%d H=%d P=%d splits=%d: q576 rel %.2e, o_lat rel %.2e, lse abs %.2e, o(model) rel %.2e\n", n, heads,
-                parts, plan.num_splits[n], worst_q, worst_o, worst_lse, worst_model);
+    std::printf("[mla] N=%d H=%d P=%d %s splits=%d: q576 rel %.2e, o_lat rel %.2e, lse abs %.2e, o(model) rel %.2e\n", n, heads,
+                parts, mla_attention_fused(attention_params()) ? "fused" : "2 kernels", plan.num_splits[n], worst_q, worst_o, worst_lse, worst_model);
     return o_lat;
   }
 };
@@ -303,6 +313,7 @@ TEST(MlaGpu, MixedBatchAllHeadCounts) {
   const std::vector<std::int32_t> lens = {1, 20, 63, 0, 64, 65, 140, 300};
   for (int heads : {8, 16, 32, 64}) run_and_check(lens, heads, mla_rope_none(), kMlaScaleKimi);
   run_and_check(lens, 128, mla_rope_deepseek_v3(), kMlaScaleDeepSeekV3);
+  run_and_check(lens, 32, mla_rope_none(), kMlaScaleKimi, /*parts=*/200);  // tiles > SMs: two kernels
 }
 
 TEST(MlaGpu, Batch64DeepSeekRope) {
@@ -345,27 +356,47 @@ TEST(MlaGpu, OneSplitMatchesManySplitsAndReplaysAreBitIdentical) {
   many.check(false, false);
 }
 
-// Both copy paths feed the same math: outputs must agree bit for bit (tail pages, a pad row,
-// many splits, head groups).
-TEST(MlaGpu, BulkCopyVariantMatchesCpAsyncBitwise) {
-  ENCORE_REQUIRE_GPU();
-  constexpr auto kVariant = mla::SplitKvVariant::kBulk;
+// The op's fused kernel, the two-kernel path (mla_splitkv + mla_combine) and the bulk-copy
+// split-KV variant feed the same math in the same order: outputs must agree bit for bit (tail
+// pages, a pad row, many splits, head groups).
+template <mla::SplitKvVariant kVariant>
+void launch_variant(const MlaAttentionParams& p) {
   const int smem = int(mla::mla_splitkv_smem_bytes());
   CUDA_OK(cudaFuncSetAttribute(mla::mla_splitkv_kernel<kVariant>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  mla::mla_splitkv_kernel<kVariant><<<mla_splitkv_num_tiles(p), kBlockThreads, smem>>>(p);
+  CUDA_OK(cudaGetLastError());
+}
+
+TEST(MlaGpu, VariantsAndFusedCombineMatchBitwise) {
+  ENCORE_REQUIRE_GPU();
+  using V = mla::SplitKvVariant;
   for (int heads : {32, 128}) {
-    MlaRig rig({700, 130, 65, 0, 1, 64}, heads, mla_rope_none(), kMlaScaleKimi);
+    MlaRig rig({700, 130, 65, 0, 1, 64, 4096}, heads, mla_rope_none(), kMlaScaleKimi);
     rig.poison_outputs();
     ENCORE_OK(rig.enqueue(nullptr));
     const std::vector<float> op = rig.check(true, false), op_lse = rig.d_lse.download();
-    for (auto* b : {&rig.d_olat, &rig.d_lse, &rig.d_po, &rig.d_plse}) b->poison();
     const MlaAttentionParams p = rig.attention_params();
-    mla::mla_splitkv_kernel<kVariant><<<mla_splitkv_num_tiles(p), kBlockThreads, smem>>>(p);
-    CUDA_OK(cudaGetLastError());
-    ENCORE_OK(mla_combine(p, nullptr));
+    EXPECT_TRUE(mla_attention_fused(p)) << "H=" << heads;
+    EXPECT_GT(rig.d_splits.download()[rig.n], rig.n + 8) << "requests must be split";
+    const char* names[] = {"mla_splitkv + mla_combine", "bulk copies"};
+    for (int v = 0; v < 2; ++v) {
+      SCOPED_TRACE(::testing::Message() << names[v] << ", H=" << heads);
+      for (auto* b : {&rig.d_olat, &rig.d_lse, &rig.d_po, &rig.d_plse}) b->poison();
+      if (v == 0) ENCORE_OK(mla_splitkv(p, nullptr));
+      if (v == 1) launch_variant<V::kBulk>(p);
+      ENCORE_OK(mla_combine(p, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<float> got = rig.d_olat.download(), got_lse = rig.d_lse.download();
+      EXPECT_TRUE(test::bitwise_equal(got.data(), op.data(), op.size() * 4)) << "o_lat";
+      EXPECT_TRUE(test::bitwise_equal(got_lse.data(), op_lse.data(), op_lse.size() * 4)) << "lse";
+    }
+    // The fused kernel again on the same inputs (counters left at zero by the first call).
+    for (auto* b : {&rig.d_olat, &rig.d_lse, &rig.d_po, &rig.d_plse}) b->poison();
+    ENCORE_OK(mla_attention(p, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
-    const std::vector<float> copy = rig.d_olat.download(), copy_lse = rig.d_lse.download();
-    EXPECT_TRUE(test::bitwise_equal(copy.data(), op.data(), op.size() * 4)) << "o_lat, H=" << heads;
-    EXPECT_TRUE(test::bitwise_equal(copy_lse.data(), op_lse.data(), op_lse.size() * 4)) << "lse, H=" << heads;
+    const std::vector<float> again = rig.d_olat.download();
+    EXPECT_TRUE(test::bitwise_equal(again.data(), op.data(), op.size() * 4)) << "fused replay, H=" << heads;
+    rig.expect_counters_zero();
   }
 }
 
@@ -455,6 +486,7 @@ TEST(MlaGpu, BadDeviceInputLeavesCacheUntouched) {
     rig.poison_outputs();
     ENCORE_OK(rig.enqueue(nullptr));  // host-visible input is fine: launches happen
     EXPECT_EQ(rig.d_flag.download()[0] & c.flag, c.flag);
+    rig.expect_counters_zero();  // the fused kernel keeps its counter protocol on flagged steps
     const std::vector<bf16> after = rig.d_pool.download();
     if (c.outputs_untouched) {  // flagged by the scheduler: nothing at all is written
       EXPECT_TRUE(test::bitwise_equal(after.data(), rig.pool.data(), after.size() * sizeof(bf16))) << "cache was modified";

@@ -136,13 +136,25 @@ struct MlaAttentionParams {
   float* lse = nullptr;                     // [num_seqs][num_heads] out, natural log; +inf: no keys
   float* partial_o = nullptr;               // [num_seqs + num_parts][num_heads][512] workspace
   float* partial_lse = nullptr;             // [num_seqs + num_parts][num_heads] workspace
+  // Optional [num_seqs][ceil(num_heads / 32)] int32, zero-filled once by the caller; every call
+  // leaves them zero again. Given to mla_attention, it runs one kernel: the split-KV tiles of a
+  // split request meet on its counter and merge the partials themselves (see mla_attention).
+  std::int32_t* counters = nullptr;
 };
 int mla_splitkv_num_tiles(const MlaAttentionParams& p);
 int mla_combine_num_tiles(const MlaAttentionParams& p);
 Status mla_splitkv(const MlaAttentionParams& p, cudaStream_t stream);
 Status mla_combine(const MlaAttentionParams& p, cudaStream_t stream);
+// Split-KV attention plus the combine. With p.counters set and at most one tile per SM
+// (num_parts * ceil(num_heads / 32) <= SMs, true for num_parts = mla_num_parts(num_heads)), one
+// kernel: each part of a split request writes its partial, increments the request's counter
+// (integer atomics), waits until all its parts have arrived (the tiles are co-resident: one block
+// per SM), then merges a disjoint slice of the request's output in the same fixed order as
+// mla_combine (bit-identical results), and the last part to leave resets the counter. Otherwise
 // mla_splitkv then mla_combine.
 Status mla_attention(const MlaAttentionParams& p, cudaStream_t stream);
+// Whether mla_attention runs the fused kernel for these parameters.
+bool mla_attention_fused(const MlaAttentionParams& p);
 
 // ---- V up-projection -------------------------------------------------------------------------
 struct MlaVUpParams {
