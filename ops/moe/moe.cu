@@ -51,38 +51,43 @@ __global__ void __launch_bounds__(kBlockThreads) router_topk_kernel(const __grid
   }
 }
 
+// Prepare: besides the work list and the activations, the grid pulls whole experts into L2 for
+// the next two kernels: the shared experts before the PDL wait (weights only, so this overlaps the
+// routing), the routed experts of the first slots after it (few slots only: p.prefetch_slots).
 __global__ void __launch_bounds__(kBlockThreads) moe_prepare_kernel(const __grid_constant__ ExpertsTileParams p, int tiles) {
   extern __shared__ __align__(16) char smem[];
+  if (p.prefetch_shared) moe::prefetch_experts(p, p.num_shared, [&](int i) { return p.num_experts + i; });
   device::wait_for_upstream();
   device::allow_downstream();
+  if (p.prefetch_slots > 0) moe::prefetch_experts(p, p.prefetch_slots, [&](int i) { return __ldg(p.ids + i); });
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) moe::prepare_tile(p, tile, smem);
 }
 
-// Gate/up: three blocks per SM (85 registers: two K blocks of both matrices in flight per lane);
-// each item's rows are pulled into L2 when it starts (a lookahead item per block would put
-// 2 x 396 x 83 KB in L2, more than it holds).
-__global__ void __launch_bounds__(kBlockThreads, 3) moe_gate_up_kernel(const __grid_constant__ ExpertsTileParams p) {
+// Gate/up: kGateUpBlocksPerSm blocks per SM (3: 80 registers, two K blocks of both matrices in
+// flight per lane; 4: one). L2 prefetch of each item's rows (kItemPrefetch) measured slower on
+// the H200 (B = 8 layer 143.8 -> 136.1 us without it); so did the block's next item (154 us).
+__global__ void __launch_bounds__(kBlockThreads, moe::kGateUpBlocksPerSm) moe_gate_up_kernel(const __grid_constant__ ExpertsTileParams p) {
   extern __shared__ __align__(16) char smem[];
   device::wait_for_upstream();
   device::allow_downstream();
   const int items = *p.num_active * moe::gate_up_row_groups(p.inter);  // work list from the device
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    moe::prefetch_gate_up_item(p, item);
-    moe::gate_up_item<2>(p, item, smem);
+    if (moe::kItemPrefetch) moe::prefetch_gate_up_item(p, item);
+    moe::gate_up_item<moe::kGateUpUnroll>(p, item, smem);
   }
 }
 
-// Down + combine: three blocks per SM; each block prefetches its first item's rows, then before
-// each item the rows of the item it takes next (18 KB each at width 1024).
-__global__ void __launch_bounds__(kBlockThreads, 3) moe_down_kernel(const __grid_constant__ ExpertsTileParams p) {
+// Down + combine: kDownBlocksPerSm blocks per SM; with kItemPrefetch (off by default) each block
+// prefetches its first item's rows, then before each item the rows of the item it takes next.
+__global__ void __launch_bounds__(kBlockThreads, moe::kDownBlocksPerSm) moe_down_kernel(const __grid_constant__ ExpertsTileParams p) {
   extern __shared__ __align__(16) char smem[];
   device::wait_for_upstream();
   device::allow_downstream();
   const int num_active = *p.num_active;
   const int items = num_active * moe::down_row_chunks(p.hidden);
-  if (int(blockIdx.x) < items) moe::prefetch_down_item(p, blockIdx.x);
+  if (moe::kItemPrefetch && int(blockIdx.x) < items) moe::prefetch_down_item(p, blockIdx.x);
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    if (item + int(gridDim.x) < items) moe::prefetch_down_item(p, item + gridDim.x);
+    if (moe::kItemPrefetch && item + int(gridDim.x) < items) moe::prefetch_down_item(p, item + gridDim.x);
     moe::down_item(p, item, num_active, smem);
   }
 }
@@ -374,6 +379,8 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   p.weights = a.topk_weights;
   p.slot_ids = a.slot_ids;
   p.error_flag = a.error_flag;
+  p.prefetch_shared = moe::kPreparePrefetch;
+  p.prefetch_slots = moe::kPreparePrefetch && a.batch * a.top_k <= moe::kPrefetchMaxSlots ? a.batch * a.top_k : 0;
   p.num_active = reinterpret_cast<int*>(ws + layout.num_active);
   p.active = reinterpret_cast<int*>(ws + layout.active);
   p.offsets = reinterpret_cast<int*>(ws + layout.offsets);

@@ -14,8 +14,8 @@
 //                  expert id (shared last), x[t][row] += sum_j w_j * y[entry_j][row]. One owner
 //                  per output element, no float atomics.
 // Items are short (one expert's 32 rows) and the Q4_K decode + dot costs instructions per weight
-// byte, so the kernels favour warps per SM: several blocks per SM, each item's rows pulled into L2
-// by one bulk prefetch when it starts (down: also the next item's), registers for the loads.
+// byte, so the kernels favour warps per SM: several blocks per SM, each lane's next K blocks kept
+// in flight in registers, the first loads issued before the item's activations are staged.
 // A (row, token) dot product runs the same code in the same order whatever the batch, so a
 // token's output is bitwise independent of the other tokens.
 #pragma once
@@ -32,6 +32,19 @@ namespace encore::moe {
 
 inline constexpr int kRowsPerItem = 32;                  // 8 warps x 4 lane groups, one row each
 inline constexpr int kTokensPerPass = 8;                 // tokens (entries) whose activations are staged together
+// Blocks per SM of the gate/up and down kernels (compile-time tuning; H200 A/B in bench/RESULTS.md).
+// The bodies are bound by round trips per item, so more resident blocks keep more items going;
+// the register cap (65536 / (256 x blocks)) limits the K blocks each lane keeps in flight.
+#ifndef ENCORE_MOE_GATE_UP_BLOCKS_PER_SM
+#define ENCORE_MOE_GATE_UP_BLOCKS_PER_SM 3
+#endif
+#ifndef ENCORE_MOE_DOWN_BLOCKS_PER_SM
+#define ENCORE_MOE_DOWN_BLOCKS_PER_SM 3
+#endif
+inline constexpr int kGateUpBlocksPerSm = ENCORE_MOE_GATE_UP_BLOCKS_PER_SM;
+inline constexpr int kDownBlocksPerSm = ENCORE_MOE_DOWN_BLOCKS_PER_SM;
+inline constexpr int kGateUpUnroll = kGateUpBlocksPerSm >= 4 ? 1 : 2;  // K blocks of gate and up in flight per lane
+inline constexpr int kDownUnroll = 4;                                   // K blocks of a down row in flight per lane
 inline constexpr int kMaxPlanExperts = ops::kMaxMoeExperts + ops::kMaxMoeShared;
 inline constexpr int kPlanScanItems = (kMaxPlanExperts + kBlockThreads - 1) / kBlockThreads;
 
@@ -53,6 +66,8 @@ struct ExpertsTileParams {
   const float* weights;          // [batch][k]
   const int* slot_ids;           // optional [batch]; < 0: pad row
   int* error_flag;               // optional
+  int prefetch_slots;            // routing slots whose experts the prepare kernel pulls into L2 (0: none)
+  bool prefetch_shared;          // the prepare kernel pulls the shared experts into L2 before the PDL wait
   // Work list, activations and partial outputs (workspace).
   int* num_active;               // [1]
   int* active;                   // [E+S] expert ids, ascending
@@ -102,6 +117,45 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr, std::int64_t bytes)
 }
 
 __device__ __forceinline__ bool pad_row(const ExpertsTileParams& p, int token) { return p.slot_ids && p.slot_ids[token] < 0; }
+
+// ---- L2 prefetch of whole experts (prepare kernel) ---------------------------------------------
+
+// Compile-time tuning switches, both off: each measured slower on the H200 (bench/RESULTS.md).
+//   ENCORE_MOE_ITEM_PREFETCH     gate/up and down items pull their rows into L2 as they start (down:
+//                                also the next item's): bulk L2 prefetches cost more than they hide;
+//   ENCORE_MOE_PREPARE_PREFETCH  the prepare kernel pulls the shared experts (before the PDL wait)
+//                                and, at few routing slots, the routed experts into L2 (B = 1 +2 us).
+#ifndef ENCORE_MOE_ITEM_PREFETCH
+#define ENCORE_MOE_ITEM_PREFETCH 0
+#endif
+#ifndef ENCORE_MOE_PREPARE_PREFETCH
+#define ENCORE_MOE_PREPARE_PREFETCH 0
+#endif
+inline constexpr bool kItemPrefetch = ENCORE_MOE_ITEM_PREFETCH != 0;
+inline constexpr bool kPreparePrefetch = ENCORE_MOE_PREPARE_PREFETCH != 0;
+
+inline constexpr int kPrefetchChunkBytes = 32 * 1024;
+// Routed experts are prefetched only when the step routes at most this many slots: 16 Kimi experts
+// (3.98 MB each) plus the shared one stay below the 60 MB L2; more would evict each other.
+inline constexpr int kPrefetchMaxSlots = 16;
+
+// Pulls the gate and up matrices of experts expert_of(0 .. count-1), then their down matrices,
+// into L2 in kPrefetchChunkBytes pieces: piece u goes to block u % gridDim.x (bulk prefetches are
+// queued per SM, so they are spread over every block, gate/up first). Out-of-range ids (-1: pad
+// rows, bad ids) are skipped.
+template <class ExpertOf>
+__device__ inline void prefetch_experts(const ExpertsTileParams& p, int count, ExpertOf expert_of) {
+  const std::int64_t matrix_bytes = p.up_matrix_bytes;  // gate, up and down matrices are alike in size
+  const int chunks = int((matrix_bytes + kPrefetchChunkBytes - 1) / kPrefetchChunkBytes);
+  const int units = count * 3 * chunks;
+  for (int u = threadIdx.x * gridDim.x + blockIdx.x; u < units; u += gridDim.x * kBlockThreads) {
+    const int c = u % chunks, e = expert_of(u / chunks % count), m = u / chunks / count;
+    if (e < 0 || e >= p.num_experts + p.num_shared) continue;
+    const char* base = (m == 0 ? p.gate : m == 1 ? p.up : p.down) + e * matrix_bytes;
+    const std::int64_t at = std::int64_t(c) * kPrefetchChunkBytes;
+    prefetch_l2(base + at, min(std::int64_t(kPrefetchChunkBytes), matrix_bytes - at));
+  }
+}
 
 // ---- prepare ------------------------------------------------------------------------------------
 
@@ -225,30 +279,44 @@ __device__ __forceinline__ void stage_activations(char* act, int k_blocks, int c
     reinterpret_cast<uint4*>(act)[i] = reinterpret_cast<const uint4*>(src(i / words_per_token))[i % words_per_token];
 }
 
+// kUnroll consecutive K blocks (from j0) of this lane's rows of kMats matrices; blocks past
+// k_blocks are left unloaded.
+template <int kMats, int kUnroll>
+struct RowBlocks {
+  gemv::LaneBlock b[kUnroll][kMats];
+};
+
+template <int kMats, int kUnroll>
+__device__ __forceinline__ void load_row_blocks(const char* const (&w)[kMats], int k_blocks, int j0, int chunk,
+                                                RowBlocks<kMats, kUnroll>& blocks) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+    if (j0 + u < k_blocks)
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) blocks.b[u][m] = gemv::load_lane_block(w[m] + (j0 + u) * q4k::kBlockBytes, chunk);
+}
+
 // This lane's row . act[t] for kMats matrices (rows at w[m], k_blocks Q4_K blocks each) and
 // `count` staged tokens, reduced over the 8-lane group: lane `chunk` covers qs chunk `chunk` of
-// every block. kUnroll blocks of every matrix are loaded together.
+// every block. `blocks` holds K blocks 0..kUnroll-1 on entry (the caller issues those loads before
+// it stages the activations, so they overlap that round trip); the next kUnroll blocks are loaded
+// as soon as the current ones are decoded.
 template <int kMats, int kUnroll>
 __device__ __forceinline__ void rows_dot_tokens(const char* const (&w)[kMats], int k_blocks, const char* act, int count,
-                                                int chunk, float (&acc)[kMats][kTokensPerPass]) {
+                                                int chunk, RowBlocks<kMats, kUnroll>& blocks,
+                                                float (&acc)[kMats][kTokensPerPass]) {
 #pragma unroll
   for (int m = 0; m < kMats; ++m)
 #pragma unroll
     for (int t = 0; t < kTokensPerPass; ++t) acc[m][t] = 0.f;
   for (int j0 = 0; j0 < k_blocks; j0 += kUnroll) {
-    gemv::LaneBlock blocks[kUnroll][kMats];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (j0 + u < k_blocks)
-#pragma unroll
-        for (int m = 0; m < kMats; ++m) blocks[u][m] = gemv::load_lane_block(w[m] + (j0 + u) * q4k::kBlockBytes, chunk);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int j = j0 + u;
       if (j >= k_blocks) break;
 #pragma unroll
       for (int m = 0; m < kMats; ++m) {
-        const gemv::LaneWeights lw = gemv::decode_lane_block(blocks[u][m], chunk);
+        const gemv::LaneWeights lw = gemv::decode_lane_block(blocks.b[u][m], chunk);
 #pragma unroll
         for (int t = 0; t < kTokensPerPass; ++t) {
           if (t >= count) break;
@@ -257,6 +325,7 @@ __device__ __forceinline__ void rows_dot_tokens(const char* const (&w)[kMats], i
         }
       }
     }
+    load_row_blocks(w, k_blocks, j0 + kUnroll, chunk, blocks);
   }
 #pragma unroll
   for (int m = 0; m < kMats; ++m)
@@ -307,7 +376,8 @@ __device__ __forceinline__ void prefetch_gate_up_item(const ExpertsTileParams& p
 }
 
 // Item = (active expert, 32-row group). `smem`: activations, silu(g)*u, the quantiser scratch.
-// kUnroll: K blocks of both matrices loaded together per lane.
+// kUnroll: K blocks of both matrices loaded together per lane; the first of them are requested
+// before the activations are staged (they depend on the expert id alone).
 template <int kUnroll>
 __device__ inline void gate_up_item(const ExpertsTileParams& p, int item, char* smem) {
   const int row_groups = gate_up_row_groups(p.inter);
@@ -327,13 +397,15 @@ __device__ inline void gate_up_item(const ExpertsTileParams& p, int item, char* 
 
   for (int pass = first; pass < end; pass += kTokensPerPass) {
     const int count = min(kTokensPerPass, end - pass);
+    RowBlocks<2, kUnroll> blocks;
+    load_row_blocks(w, hb, 0, chunk, blocks);
     __syncthreads();  // the previous pass's (or item's) readers are done
     stage_activations(act, hb, count, [&](int i) {
       return p.act_in + std::int64_t(p.entry_token[pass + i]) * hb * gemv::kActBlockBytes;
     });
     __syncthreads();
     float acc[2][kTokensPerPass];
-    rows_dot_tokens<2, kUnroll>(w, hb, act, count, chunk, acc);
+    rows_dot_tokens<2, kUnroll>(w, hb, act, count, chunk, blocks, acc);
 #pragma unroll
     for (int t = 0; t < kTokensPerPass; ++t)
       if (t < count && chunk == t) {
@@ -376,7 +448,8 @@ __device__ __forceinline__ void prefetch_down_item(const ExpertsTileParams& p, i
   if (threadIdx.x == 0) prefetch_l2(p.down + p.active[item / chunks] * p.down_matrix_bytes + (item % chunks) * rows_bytes, rows_bytes);
 }
 
-// Item = (active expert, 32 output rows).
+// Item = (active expert, 32 output rows); the first weight loads go out before the staging, as in
+// gate_up_item.
 __device__ inline void down_item(const ExpertsTileParams& p, int item, int num_active, char* smem) {
   const int chunks = down_row_chunks(p.hidden);
   const int a = item / chunks, chunk_index = item % chunks;
@@ -390,11 +463,13 @@ __device__ inline void down_item(const ExpertsTileParams& p, int item, int num_a
   const int ib = p.inter_blocks;
   for (int pass = first; pass < end; pass += kTokensPerPass) {
     const int count = min(kTokensPerPass, end - pass);
+    RowBlocks<1, kDownUnroll> blocks;
+    load_row_blocks(w, ib, 0, chunk, blocks);
     __syncthreads();
     stage_activations(smem, ib, count, [&](int i) { return p.act_mid + std::int64_t(pass + i) * ib * gemv::kActBlockBytes; });
     __syncthreads();
     float acc[1][kTokensPerPass];
-    rows_dot_tokens<1, 4>(w, ib, smem, count, chunk, acc);
+    rows_dot_tokens<1, kDownUnroll>(w, ib, smem, count, chunk, blocks, acc);
 #pragma unroll
     for (int t = 0; t < kTokensPerPass; ++t)
       if (t < count && chunk == t) p.y[(pass + t) * std::int64_t(p.hidden) + row] = acc[0][t];
