@@ -237,14 +237,16 @@ DecodeRefState decode_ref_state(const ModelConfig& c, const BufferOptions& o) {
 
 std::vector<double> decode_step(const ModelConfig& c, const BufferOptions& o, const TensorArena& layout, const void* weights,
                                 const StepInputs& in, int batch, bool int8_activations, DecodeRefState& state,
-                                const RoutingHook& hook) {
+                                const RoutingHook& routing, const ResidualHook& residual) {
   const Weights w(layout, weights);
   const Rows rows = pad_rows(in, batch, o.max_pages_per_seq);
   Step step(c, o, w, rows, batch, int8_activations, state);
   step.embed();
   for (int l = 0; l < c.layers(); ++l) {
     c.attention[l] == Attention::kKda ? step.kda(l) : step.mla(l);
-    c.mlp[l] == Mlp::kDense ? step.dense(l) : step.moe(l, hook);
+    if (residual) residual(l, false, step.x);
+    c.mlp[l] == Mlp::kDense ? step.dense(l) : step.moe(l, routing);
+    if (residual) residual(l, true, step.x);
   }
   return step.head();
 }

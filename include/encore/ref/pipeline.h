@@ -29,11 +29,17 @@ DecodeRefState decode_ref_state(const pipeline::ModelConfig& c, const pipeline::
 // may replace them (e.g. with the device's, so that a near-tie decided the other way by fp32
 // does not make the rest of the step diverge).
 using RoutingHook = std::function<void(int layer, std::vector<int>& ids, std::vector<float>& weights)>;
+// Called with the residual stream x [batch][hidden] after each layer's attention (mlp = false) and
+// MLP (mlp = true) residual adds. It may compare x with a device run and replace it with the
+// device's x ("teacher forcing"): each layer is then checked on the device's own inputs, so
+// int8 rounding flips that an fp32 / fp64 difference set off upstream do not pile up downstream.
+using ResidualHook = std::function<void(int layer, bool mlp, std::vector<float>& x)>;
 
 // One step for `batch` rows (rows past in's are pad rows, as in Pipeline::set_step). Updates
 // `state` and returns the logits [batch][vocab].
 std::vector<double> decode_step(const pipeline::ModelConfig& c, const pipeline::BufferOptions& o,
                                 const pipeline::TensorArena& layout, const void* weights, const pipeline::StepInputs& in,
-                                int batch, bool int8_activations, DecodeRefState& state, const RoutingHook& hook = {});
+                                int batch, bool int8_activations, DecodeRefState& state, const RoutingHook& routing = {},
+                                const ResidualHook& residual = {});
 
 }  // namespace encore::ref
