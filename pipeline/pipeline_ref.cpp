@@ -47,23 +47,25 @@ class Weights {
   const char* base_;
 };
 
-// y[b] = W (rmsnorm(x[b]) * gamma, when gamma is given) for b < batch, [batch][n], fp32 inputs as
-// the kernels see them (the normalised row rounded to fp32, then int8-quantised if asked).
+// y[b] = W (rmsnorm(x[b]) * gamma, when gamma is given) for b < batch, [batch][n]. As in the
+// kernels, the row that is (int8-)quantised is x * gamma in fp32 and 1/rms scales the dot products,
+// so the int8 codes are the device's own.
 std::vector<double> gemv(const q4k::Block* w, std::int64_t n, std::int64_t k, const float* x, std::int64_t x_stride, int batch,
                          const float* gamma, double eps, bool int8) {
   std::vector<double> y(std::size_t(batch) * n);
   std::vector<float> in(k);
-  std::vector<double> normalized(k);
   for (int b = 0; b < batch; ++b) {
     const float* row = x + b * x_stride;
-    if (gamma) {
-      ref::rmsnorm(row, gamma, k, eps, normalized.data());
-      for (std::int64_t j = 0; j < k; ++j) in[j] = float(normalized[j]);
-    } else {
-      in.assign(row, row + k);
+    double scale = 1.0, ss = 0;
+    for (std::int64_t j = 0; j < k; ++j) {
+      in[j] = gamma ? row[j] * gamma[j] : row[j];
+      ss += double(row[j]) * row[j];
     }
-    if (int8) ref::q4k_gemv_int8(w, n, k, ref::quantize_activations(in.data(), k), &y[std::size_t(b) * n]);
-    else ref::q4k_gemv(w, n, k, in.data(), 1, k, nullptr, &y[std::size_t(b) * n]);
+    if (gamma) scale = 1.0 / std::sqrt(ss / double(k) + eps);
+    double* out = &y[std::size_t(b) * n];
+    if (int8) ref::q4k_gemv_int8(w, n, k, ref::quantize_activations(in.data(), k), out);
+    else ref::q4k_gemv(w, n, k, in.data(), 1, k, nullptr, out);
+    for (std::int64_t r = 0; r < n; ++r) out[r] *= scale;
   }
   return y;
 }

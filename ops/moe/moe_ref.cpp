@@ -123,12 +123,46 @@ void moe_topk(const ops::MoeRoutingConfig& c, const float* logits, const float* 
   }
 }
 
+namespace {
+
+// Codes of silu(g)*u whose scaled value lies this close (in code units) to a rounding midpoint can
+// round either way on the device: its fp32 gate/up sums differ from the reference's doubles by
+// ~1e-6 relative, i.e. <= 1.3e-4 code units; the window leaves an 8x margin.
+constexpr float kAmbiguousWindow = 1e-3f;
+
+// The weight of row `row`, column `col` of a Q4_K matrix with `cols` columns.
+double q4k_weight(const q4k::Block* m, int cols, std::int64_t row, int col) {
+  float values[q4k::kBlockValues];
+  q4k::dequantize_row(m + row * (cols / q4k::kBlockValues) + col / q4k::kBlockValues, values, q4k::kBlockValues);
+  return values[col % q4k::kBlockValues];
+}
+
+// For each mid value whose int8 code is ambiguous, adds |down[:, c]| * one code step to slack[hidden].
+void add_ambiguous_codes(const std::vector<float>& mid, const q4k::Block* down, int hidden, int inter, double route,
+                         double* slack) {
+  for (int s = 0; s < inter / 32; ++s) {
+    float amax = 0.f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(mid[32 * s + i]));
+    if (amax == 0.f) continue;
+    const float inv = 127.f / amax;
+    for (int i = 0; i < 32; ++i) {
+      const float t = std::fabs(mid[32 * s + i] * inv);
+      if (std::fabs(t - std::floor(t) - 0.5f) >= kAmbiguousWindow) continue;
+      const double step = std::fabs(route) * double(amax) / 127.0;
+      for (int r = 0; r < hidden; ++r) slack[r] += step * std::fabs(q4k_weight(down, inter, r, 32 * s + i));
+    }
+  }
+}
+
+}  // namespace
+
 void moe_experts(const q4k::Block* gate, const q4k::Block* up, const q4k::Block* down, int num_experts, int num_shared,
                  int top_k, int hidden, int inter, int batch, const float* h, const int* ids, const float* weights,
-                 bool int8_activations, double* out, const int* slot_ids) {
+                 bool int8_activations, double* out, const int* slot_ids, double* ambiguity) {
   const std::int64_t up_blocks = std::int64_t(inter) * (hidden / 256);   // blocks per gate/up matrix
   const std::int64_t down_blocks = std::int64_t(hidden) * (inter / 256);  // blocks per down matrix
   std::fill(out, out + std::size_t(batch) * hidden, 0.0);
+  if (ambiguity) std::fill(ambiguity, ambiguity + std::size_t(batch) * hidden, 0.0);
 
   // Per token, its (expert, weight) pairs in ascending expert id, shared experts last.
   for (int e = 0; e < num_experts + num_shared; ++e) {
@@ -164,6 +198,7 @@ void moe_experts(const q4k::Block* gate, const q4k::Block* up, const q4k::Block*
           mid[r] = float(gv / (1.0 + std::exp(-gv)) * u[std::size_t(i) * inter + r]);
         }
         q4k_gemv_int8(wd, hidden, inter, quantize_activations(mid.data(), inter), y.data() + std::size_t(i) * hidden);
+        if (ambiguity) add_ambiguous_codes(mid, wd, hidden, inter, route[i], ambiguity + std::size_t(tokens[i]) * hidden);
       }
     } else {
       std::vector<float> xs(std::size_t(n) * hidden), mid(std::size_t(n) * inter);

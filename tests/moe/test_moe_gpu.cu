@@ -298,11 +298,29 @@ class ExpertModel {
   }
 
   std::vector<double> reference(int batch, const std::vector<float>& h, const std::vector<int>& ids,
-                                const std::vector<float>& weights, bool int8, const std::vector<int>* slot_ids = nullptr) const {
+                                const std::vector<float>& weights, bool int8, const std::vector<int>* slot_ids = nullptr,
+                                std::vector<double>* ambiguity = nullptr) const {
     std::vector<double> out(std::size_t(batch) * s_.hidden);
+    if (ambiguity) ambiguity->resize(out.size());
     ref::moe_experts(gate_.data(), up_.data(), down_.data(), s_.num_experts, s_.num_shared, s_.top_k, s_.hidden, s_.inter,
-                     batch, h.data(), ids.data(), weights.data(), int8, out.data(), slot_ids ? slot_ids->data() : nullptr);
+                     batch, h.data(), ids.data(), weights.data(), int8, out.data(), slot_ids ? slot_ids->data() : nullptr,
+                     ambiguity ? ambiguity->data() : nullptr);
     return out;
+  }
+  // rel L2 vs the int8-activation reference, each element's difference first reduced by what an
+  // ambiguous silu(g)*u code (ref::moe_experts' `ambiguity`) can explain; without that, one code on a
+  // rounding midpoint (fp32 vs fp64) moved a one-token, width-256 case to 5.1e-4 once.
+  double mimic_error(const std::vector<double>& got, int batch, const std::vector<float>& h, const std::vector<int>& ids,
+                     const std::vector<float>& weights, const std::vector<int>* slot_ids = nullptr) const {
+    std::vector<double> slack;
+    const std::vector<double> want = reference(batch, h, ids, weights, true, slot_ids, &slack);
+    std::vector<double> explained(got.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const double diff = got[i] - want[i];  // NaN stays NaN
+      const double left = std::max(std::fabs(diff) - slack[i], 0.0);
+      explained[i] = want[i] + (std::isnan(diff) ? diff : std::copysign(left, diff));
+    }
+    return test::rel_l2(explained, want);
   }
 
  private:
@@ -333,7 +351,7 @@ void check_against_reference(ExpertModel& m, int batch, bool exact, const char* 
   const auto x = test::random_normal(std::size_t(batch) * s.hidden, m.rng());
   const auto out = m.run(batch, h, x, ids, w);
   const auto d = delta(out, x);
-  const double mimic_err = test::rel_l2(d, m.reference(batch, h, ids, w, true));
+  const double mimic_err = m.mimic_error(d, batch, h, ids, w);
   EXPECT_LT(mimic_err, 5e-5) << "vs the int8-activation reference";
   if (exact) {
     const double err = test::rel_l2(d, m.reference(batch, h, ids, w, false));
@@ -421,7 +439,7 @@ TEST(MoeExpertsGpu, SmallPadRowsProduceNoWork) {
     for (int t = 0; t < batch; ++t)
       if (slots[t] < 0) EXPECT_TRUE(test::bitwise_equal(out.data() + t * 512, x.data() + t * 512, 512 * 4)) << "pad token " << t;
     const auto d = delta(out, x);
-    if (batch > 1) EXPECT_LT(test::rel_l2(d, m.reference(batch, h, ids, w, true, &slots)), 5e-5);
+    if (batch > 1) EXPECT_LT(m.mimic_error(d, batch, h, ids, w, &slots), 5e-5);
     for (int t = 0; t < batch; t += 5) {
       if (slots[t] < 0) continue;
       const std::vector<int> one_id(ids.begin() + 2 * t, ids.begin() + 2 * t + 2);
@@ -446,7 +464,7 @@ TEST(MoeExpertsGpu, SmallBadIdsAreSkippedAndFlagged) {
   int flag = 0;
   const auto out = m.run(batch, h, x, ids, w, &flag);
   EXPECT_NE(flag, 0);
-  EXPECT_LT(test::rel_l2(delta(out, x), m.reference(batch, h, ids, w, true)), 5e-5);
+  EXPECT_LT(m.mimic_error(delta(out, x), batch, h, ids, w), 5e-5);
   flag = 0;
   ids = {1, 2, 0, 3, 7, 6, 4, 5};
   (void)m.run(batch, h, x, ids, w, &flag);

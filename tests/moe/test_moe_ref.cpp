@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <algorithm>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -10,6 +11,8 @@
 
 #include <encore/ops/moe.h>
 #include <encore/ref/moe.h>
+
+#include "moe_test_data.h"
 
 namespace encore {
 namespace {
@@ -140,6 +143,37 @@ TEST(MoeRouterRef, CompatFlagsAndPadRows) {
   ref::moe_topk(MoeRoutingConfig::deepseek_v3(), two.data(), nullptr, 2, pid.data(), pw.data(), slots.data());
   for (int j = 8; j < 16; ++j) EXPECT_TRUE(pid[j] == -1 && pw[j] == 0.0);
   EXPECT_EQ(pid[0], 5);
+}
+
+// The int8 mode's `ambiguity`: non-negative, zero for codes far from a rounding midpoint, and
+// actually raised where a silu(g)*u code sits on one (over 64 one-token draws of a width-256
+// expert, ~0.5 such codes per draw are expected; each moves an output by at most one code step).
+TEST(MoeExpertsRef, AmbiguityMarksMidpointCodesOnly) {
+  std::mt19937_64 rng(20261202);
+  const int hidden = 256, inter = 256;
+  const auto gate = test::random_q4k_blocks(std::size_t(inter) * hidden / 256, rng);
+  const auto up = test::random_q4k_blocks(gate.size(), rng), down = test::random_q4k_blocks(std::size_t(hidden) * inter / 256, rng);
+  std::normal_distribution<float> normal;
+  int draws_with_slack = 0;
+  for (int draw = 0; draw < 64; ++draw) {
+    std::vector<float> h(hidden);
+    for (float& v : h) v = normal(rng);
+    const std::vector<int> ids = {0};
+    const std::vector<float> w = {0.75f};
+    std::vector<double> out(hidden), slack(hidden, -1.0);
+    ref::moe_experts(gate.data(), up.data(), down.data(), 1, 0, 1, hidden, inter, 1, h.data(), ids.data(), w.data(), true,
+                     out.data(), nullptr, slack.data());
+    double out_norm = 0, slack_max = 0;
+    for (int r = 0; r < hidden; ++r) {
+      ASSERT_GE(slack[r], 0.0);
+      out_norm = std::max(out_norm, std::fabs(out[r]));
+      slack_max = std::max(slack_max, slack[r]);
+    }
+    if (slack_max > 0) ++draws_with_slack;
+    EXPECT_LT(slack_max, 0.05 * out_norm) << "draw " << draw;  // a few code steps, not the output's size
+  }
+  EXPECT_GT(draws_with_slack, 0);
+  EXPECT_LT(draws_with_slack, 64);
 }
 
 // ---- validation: nothing reaches the GPU ----------------------------------------------------

@@ -26,8 +26,12 @@ void moe_topk(const ops::MoeRoutingConfig& config, const float* logits, const fl
 //                             ref::quantize_activations), for tight indexing checks.
 // Slots whose id is out of range or repeated within the token are skipped, as on the device; pad
 // rows (slot_ids[t] < 0, when slot_ids is given) get out = 0.
+// ambiguity (int8 mode, optional) [batch][hidden]: per output, the most it can move when the
+// device rounds an int8 code of silu(g)*u the other way (the value sits within 1e-3 code units of a
+// midpoint, where fp32 and fp64 may disagree): sum of |route w * down weight| * code step. Zero
+// almost everywhere; a tight comparison subtracts it per element.
 void moe_experts(const q4k::Block* gate, const q4k::Block* up, const q4k::Block* down, int num_experts, int num_shared,
                  int top_k, int hidden, int inter, int batch, const float* h, const int* ids, const float* weights,
-                 bool int8_activations, double* out, const int* slot_ids = nullptr);
+                 bool int8_activations, double* out, const int* slot_ids = nullptr, double* ambiguity = nullptr);
 
 }  // namespace encore::ref
