@@ -321,7 +321,11 @@ TEST_P(PipelineGpu, StepsMatchTheModelReference) {
       }
       const double err = test::rel_l2(got, want);
       worst_residual = std::max(worst_residual, err);
-      EXPECT_LT(err, 1e-3) << "x after layer " << layer << (mlp ? " MLP" : " attention") << ", step " << t;
+      // Teacher forcing starts each layer from the device's x, but a layer still quantises values
+      // it computes itself (v_out, h, silu(g)*u): an fp32 / fp64 difference there flips an int8
+      // code now and then, and at K <= 1024 one flip moves the layer's output by ~1e-3 of x
+      // (measured up to 2.1e-3). A wiring error moves it by O(1).
+      EXPECT_LT(err, 5e-3) << "x after layer " << layer << (mlp ? " MLP" : " attention") << ", step " << t;
       x = dev;
     };
     const std::vector<double> want = ref::decode_step(c, p->options(), p->weight_layout(), weights.data(), in, kRows, true,
@@ -335,7 +339,7 @@ TEST_P(PipelineGpu, StepsMatchTheModelReference) {
     }
     const double err = test::rel_l2(got_rows, want_rows);
     worst_logits = std::max(worst_logits, err);
-    EXPECT_LT(err, 1e-4) << "logits, step " << t;
+    EXPECT_LT(err, 1e-5) << "logits, step " << t;  // from the device's x: only the LM head differs (measured 1.1e-7)
   }
   EXPECT_LE(differing_rows, 2) << "of " << routed_rows << " routed rows chose other experts than the reference";
 
@@ -353,7 +357,7 @@ TEST_P(PipelineGpu, StepsMatchTheModelReference) {
                                        ref_state.kda_recurrent[l].begin() + (slot + 1) * per_slot);
         const double err = test::rel_l2(got, want);
         worst_kda = std::max(worst_kda, err);
-        EXPECT_LT(err, 1e-3) << t->name << " slot " << slot;
+        EXPECT_LT(err, 1e-4) << t->name << " slot " << slot;  // measured 2.5e-7
       }
     } else {
       const TensorInfo* t = p->state_layout().find(layer_tensor(l, "mla_cache"));
@@ -365,7 +369,7 @@ TEST_P(PipelineGpu, StepsMatchTheModelReference) {
         const std::vector<float> want(ref_state.mla_cache[l].begin() + page * per_page, ref_state.mla_cache[l].begin() + (page + 1) * per_page);
         const double err = test::rel_l2(got, want);
         worst_cache = std::max(worst_cache, err);
-        EXPECT_LT(err, 2e-3) << t->name << " page " << page;
+        EXPECT_LT(err, 1e-3) << t->name << " page " << page;  // bf16 rows: a rare 1-ulp rounding flip (measured 1.3e-7)
       }
     }
   }
