@@ -100,7 +100,7 @@ void plan(GemvTileParams& p, int ntok, int nmat, int sms) {
     GemvTileParams q = p;
     q.row_groups = groups;
     q.rows_per_warp = groups * rl;
-    q.stage_blocks = gemv::stage_blocks_for(groups, rl);
+    q.stage_blocks = gemv::stage_blocks_for(groups, rl, nmat);
     const int per_sm = plan_memory(q, ntok, nmat);
     const std::int64_t tiles = gemv::num_tiles(q);
     const std::int64_t grid = std::min<std::int64_t>(tiles, std::int64_t(per_sm) * sms);

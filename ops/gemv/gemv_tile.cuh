@@ -50,14 +50,19 @@ struct GemvTileParams {
   int batch;                  // active tokens (<= NTOK of the instantiation)
   int rows_per_warp;          // W = row_groups * RL (RL = rows_per_group of the instantiation)
   int row_groups;             // G: 1, 2, 4 or 8 (8 / G groups split K)
-  int stage_blocks;           // K blocks per pipeline stage: stage_blocks_for(G, RL)
+  int stage_blocks;           // K blocks per pipeline stage: stage_blocks_for(G, RL, matrices)
   int stages;                 // ring depth per warp, 2..kMaxStages
   int chunk_blocks;           // K blocks quantised per shared-memory pass (k_blocks, or a multiple of stage_blocks)
 };
 
 inline constexpr int kMaxTokens = 16;
 inline constexpr int kMaxStages = 4;
-inline constexpr int kStageRowBlocks = 2;  // (row, block) items per group and stage
+// (row, block) items per group and stage: one matrix 4, gate/up 2. Larger stages mean fewer,
+// longer bulk copies (the planner then keeps fewer stages in the same shared memory). H200 A/B, one
+// matrix, 2 -> 4 items: lm_head b1 75.4 -> 62.5 us, b4 185 -> 146, q/k/v b1 4.03 -> 3.78, Llama up
+// b1 14.3 -> 11.9; gate/up got slower (expert 1024 x 2304 b1 4.13 -> 4.88 us), so it keeps 2.
+inline constexpr int kStageRowBlocksOneMatrix = 4;
+inline constexpr int kStageRowBlocksGateUp = 2;
 // Bytes between two tokens' / blocks' activations: 16 more than a block, so the two groups of a
 // quarter warp that read neighbouring blocks (G = 1) hit different banks.
 inline constexpr int kActStride = kActBlockBytes + 16;
@@ -72,8 +77,9 @@ __host__ __device__ inline std::int64_t num_tiles(const GemvTileParams& p) {
 // fused gate/up 1024 x 2304 42.6 / 27.2 / 27.1; lm_head 386 / 403 / 444), since more rows per
 // group need up to 255 registers and a coarser K split.
 __host__ __device__ constexpr int rows_per_group(int ntok, int nmat) { return ntok == 4 && nmat == 1 ? 2 : 1; }
-__host__ __device__ constexpr int stage_blocks_for(int row_groups, int rows_per_group) {
-  return (kStageRowBlocks / rows_per_group > 0 ? kStageRowBlocks / rows_per_group : 1) * 8 / row_groups;
+__host__ __device__ constexpr int stage_blocks_for(int row_groups, int rows_per_group, int nmat) {
+  const int items = nmat == 1 ? kStageRowBlocksOneMatrix : kStageRowBlocksGateUp;
+  return (items / rows_per_group > 0 ? items / rows_per_group : 1) * 8 / row_groups;
 }
 // Row pitch inside a stage buffer: an odd number of 16-byte units, so the two groups of a quarter
 // warp (neighbouring rows, same block) read different banks.
