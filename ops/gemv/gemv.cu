@@ -101,12 +101,13 @@ void plan(GemvTileParams& p, int ntok, int nmat, int sms) {
     q.row_groups = groups;
     q.rows_per_warp = groups * rl;
     q.stage_blocks = gemv::stage_blocks_for(groups, rl, nmat);
-    const int per_sm = plan_memory(q, ntok, nmat);
+    int per_sm = plan_memory(q, ntok, nmat);
     // Long stages (G = 1: 32 blocks at 4 items) can leave no room for one stage's activations of
-    // 16 tokens: such a G is no candidate. G = 8 (the shortest stages) stays as the last resort, so
-    // that the launcher reports a plan that does not fit.
-    const bool fits = smem_bytes(q, ntok, nmat) <= kSmemOnePerSm;
-    if (!fits && (groups != 8 || best_cost >= 0)) continue;
+    // 16 tokens: then the candidate takes the short stages of gate/up (v6's plan).
+    if (smem_bytes(q, ntok, nmat) > kSmemOnePerSm) {
+      q.stage_blocks = gemv::stage_blocks_for(groups, rl, 2);
+      per_sm = plan_memory(q, ntok, nmat);
+    }
     const std::int64_t tiles = gemv::num_tiles(q);
     const std::int64_t grid = std::min<std::int64_t>(tiles, std::int64_t(per_sm) * sms);
     const int slices = 8 / groups;
