@@ -39,7 +39,7 @@ Status DecodeGraph::capture(pipeline::Pipeline& pipeline, cudaStream_t stream, D
   const cudaError_t ended = cudaStreamEndCapture(stream, &graph);  // always end, so the stream is usable again
   if (!enqueued.ok()) {
     if (graph) cudaGraphDestroy(graph);
-    cudaGetLastError();  // an invalidated capture leaves a sticky-free error behind; the status says why
+    (void)cudaGetLastError();  // clear the (non-sticky) error a failed capture leaves; the status says why
     return Status(enqueued.code(), "DecodeGraph::capture: " + enqueued.message());
   }
   ENCORE_CUDA_TRY(ended);
