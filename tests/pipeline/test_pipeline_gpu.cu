@@ -161,17 +161,26 @@ StepsRun run_steps(Pipeline& p, int steps, cudaStream_t stream, const DecodeGrap
   return r;
 }
 
-class PipelineGpu : public ::testing::TestWithParam<bool> {};  // param: the DeepSeek-style RoPE variant
+// The tiny model (param: the DeepSeek-style RoPE variant) with fresh random weights, on its own
+// non-blocking stream.
+class PipelineGpu : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    ENCORE_REQUIRE_GPU();
+    ENCORE_OK(Pipeline::create(ModelConfig::tiny(GetParam()), tiny_options(), p));
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    ENCORE_OK(p->fill_random_weights(seed, stream));
+  }
+  void TearDown() override {
+    if (stream) EXPECT_EQ(cudaSuccess, cudaStreamDestroy(stream));
+  }
+  const std::uint64_t seed = test::fresh_seed();
+  std::unique_ptr<Pipeline> p;
+  cudaStream_t stream = nullptr;
+};
 
 TEST_P(PipelineGpu, GraphReplaysMatchEagerStepsBitForBit) {
-  ENCORE_REQUIRE_GPU();
-  const std::uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(seed);
-  std::unique_ptr<Pipeline> p;
-  ENCORE_OK(Pipeline::create(ModelConfig::tiny(GetParam()), tiny_options(), p));
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  ENCORE_OK(p->fill_random_weights(seed, stream));
   constexpr int kSteps = 8;
 
   const StepsRun eager = run_steps(*p, kSteps, stream, nullptr);
@@ -198,20 +207,12 @@ TEST_P(PipelineGpu, GraphReplaysMatchEagerStepsBitForBit) {
   }
   EXPECT_TRUE(eager.state == replayed.state) << "states differ after " << kSteps << " steps";
   expect_unused_untouched(*p, eager.state);
-  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 // A sequence's logits do not depend on which rows run beside it (beyond the GEMV's per-batch
 // summation order): alone in row 0 vs beside two others in row 1.
 TEST_P(PipelineGpu, RowsDoNotSeeEachOther) {
-  ENCORE_REQUIRE_GPU();
-  const std::uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(seed);
-  std::unique_ptr<Pipeline> p;
-  ENCORE_OK(Pipeline::create(ModelConfig::tiny(GetParam()), tiny_options(), p));
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  ENCORE_OK(p->fill_random_weights(seed, stream));
   const int vocab = p->config().vocab;
   auto run = [&](bool alone) {
     std::vector<std::vector<float>> out;
@@ -236,7 +237,6 @@ TEST_P(PipelineGpu, RowsDoNotSeeEachOther) {
   };
   const auto alone = run(true), beside = run(false);
   for (int t = 0; t < 4; ++t) EXPECT_LT(test::rel_l2(beside[t], alone[t]), 1e-4) << "step " << t;
-  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 // The whole step against the fp64 model reference (ref::decode_step, with the kernels' int8
@@ -248,16 +248,8 @@ TEST_P(PipelineGpu, RowsDoNotSeeEachOther) {
 // layers and six steps the two runs drift apart by several percent (measured: 3-9%), which would
 // leave a wiring bug room to hide. With it, each layer is checked on identical inputs.
 TEST_P(PipelineGpu, StepsMatchTheModelReference) {
-  ENCORE_REQUIRE_GPU();
-  const std::uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(seed);
-  std::unique_ptr<Pipeline> p;
-  const BufferOptions o = tiny_options();
-  ENCORE_OK(Pipeline::create(ModelConfig::tiny(GetParam()), o, p));
   const ModelConfig& c = p->config();
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  ENCORE_OK(p->fill_random_weights(seed, stream));
   ENCORE_OK(p->reset_state(stream));
   CUDA_OK(cudaStreamSynchronize(stream));
   const std::vector<char> weights = download_bytes(p->weights(), std::size_t(p->weight_layout().total_bytes()));
@@ -375,7 +367,6 @@ TEST_P(PipelineGpu, StepsMatchTheModelReference) {
   }
   std::cout << "[ measured ] x rel L2 <= " << worst_residual << ", logits <= " << worst_logits << ", KDA state <= " << worst_kda << ", cache rows <= " << worst_cache
             << ", " << differing_rows << " of " << routed_rows << " routed rows differ\n";
-  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, PipelineGpu, ::testing::Values(false, true),
