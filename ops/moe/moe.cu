@@ -64,32 +64,24 @@ __global__ void __launch_bounds__(kBlockThreads) moe_prepare_kernel(const __grid
 }
 
 // Gate/up: kGateUpBlocksPerSm blocks per SM (3: 80 registers, two K blocks of both matrices in
-// flight per lane; 4: one). L2 prefetch of each item's rows (kItemPrefetch) measured slower on
-// the H200 (B = 8 layer 143.8 -> 136.1 us without it); so did the block's next item (154 us).
+// flight per lane; 4: one). An L2 prefetch of each item's rows measured slower on the H200 (B = 8
+// layer 143.8 -> 136.1 us without it); so did one of the block's next item (154 us).
 __global__ void __launch_bounds__(kBlockThreads, moe::kGateUpBlocksPerSm) moe_gate_up_kernel(const __grid_constant__ ExpertsTileParams p) {
   extern __shared__ __align__(16) char smem[];
   device::wait_for_upstream();
   device::allow_downstream();
   const int items = *p.num_active * moe::gate_up_row_groups(p.inter);  // work list from the device
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    if (moe::kItemPrefetch) moe::prefetch_gate_up_item(p, item);
-    moe::gate_up_item<moe::kGateUpUnroll>(p, item, smem);
-  }
+  for (int item = blockIdx.x; item < items; item += gridDim.x) moe::gate_up_item<moe::kGateUpUnroll>(p, item, smem);
 }
 
-// Down + combine: kDownBlocksPerSm blocks per SM; with kItemPrefetch (off by default) each block
-// prefetches its first item's rows, then before each item the rows of the item it takes next.
+// Down + combine: kDownBlocksPerSm blocks per SM (L2 prefetches of the items' rows measured slower).
 __global__ void __launch_bounds__(kBlockThreads, moe::kDownBlocksPerSm) moe_down_kernel(const __grid_constant__ ExpertsTileParams p) {
   extern __shared__ __align__(16) char smem[];
   device::wait_for_upstream();
   device::allow_downstream();
   const int num_active = *p.num_active;
   const int items = num_active * moe::down_row_chunks(p.hidden);
-  if (moe::kItemPrefetch && int(blockIdx.x) < items) moe::prefetch_down_item(p, blockIdx.x);
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    if (moe::kItemPrefetch && item + int(gridDim.x) < items) moe::prefetch_down_item(p, item + gridDim.x);
-    moe::down_item(p, item, num_active, smem);
-  }
+  for (int item = blockIdx.x; item < items; item += gridDim.x) moe::down_item(p, item, num_active, smem);
 }
 
 // ---- helpers ------------------------------------------------------------------------------------

@@ -120,18 +120,13 @@ __device__ __forceinline__ bool pad_row(const ExpertsTileParams& p, int token) {
 
 // ---- L2 prefetch of whole experts (prepare kernel) ---------------------------------------------
 
-// Compile-time tuning switches, both off: each measured slower on the H200 (bench/RESULTS.md).
-//   ENCORE_MOE_ITEM_PREFETCH     gate/up and down items pull their rows into L2 as they start (down:
-//                                also the next item's): bulk L2 prefetches cost more than they hide;
+// Compile-time tuning switch, off: measured slower on the H200 (bench/RESULTS.md).
 //   ENCORE_MOE_PREPARE_PREFETCH  the prepare kernel pulls the shared experts (before the PDL wait)
 //                                and, at few routing slots, the routed experts into L2 (B = 1 +2 us).
-#ifndef ENCORE_MOE_ITEM_PREFETCH
-#define ENCORE_MOE_ITEM_PREFETCH 0
-#endif
+// (Per-item L2 prefetches of the gate/up and down rows were measured slower too and removed.)
 #ifndef ENCORE_MOE_PREPARE_PREFETCH
 #define ENCORE_MOE_PREPARE_PREFETCH 0
 #endif
-inline constexpr bool kItemPrefetch = ENCORE_MOE_ITEM_PREFETCH != 0;
 inline constexpr bool kPreparePrefetch = ENCORE_MOE_PREPARE_PREFETCH != 0;
 
 inline constexpr int kPrefetchChunkBytes = 32 * 1024;
@@ -366,15 +361,6 @@ __device__ __forceinline__ void quantize_sub_block(const float* mid, int sub_blo
   __syncwarp();
 }
 
-// An item's 32 gate and 32 up rows are contiguous: one bulk L2 prefetch each (threads 0 and 1).
-__device__ __forceinline__ void prefetch_gate_up_item(const ExpertsTileParams& p, int item) {
-  const int row_groups = gate_up_row_groups(p.inter);
-  if (threadIdx.x < 2)
-    prefetch_l2((threadIdx.x == 0 ? p.gate : p.up) + p.active[item / row_groups] * p.up_matrix_bytes +
-                    std::int64_t(item % row_groups) * kRowsPerItem * p.up_row_bytes,
-                kRowsPerItem * p.up_row_bytes);
-}
-
 // Item = (active expert, 32-row group). `smem`: activations, silu(g)*u, the quantiser scratch.
 // kUnroll: K blocks of both matrices loaded together per lane; the first of them are requested
 // before the activations are staged (they depend on the expert id alone).
@@ -439,13 +425,6 @@ __device__ inline void combine_chunk(const ExpertsTileParams& p, int chunk_index
     }
     p.x[t * std::int64_t(p.hidden) + row] += acc;
   }
-}
-
-// An item's 32 down rows are contiguous: one bulk L2 prefetch (thread 0).
-__device__ __forceinline__ void prefetch_down_item(const ExpertsTileParams& p, int item) {
-  const int chunks = down_row_chunks(p.hidden);
-  const std::int64_t rows_bytes = kRowsPerItem * p.down_row_bytes;
-  if (threadIdx.x == 0) prefetch_l2(p.down + p.active[item / chunks] * p.down_matrix_bytes + (item % chunks) * rows_bytes, rows_bytes);
 }
 
 // Item = (active expert, 32 output rows); the first weight loads go out before the staging, as in
