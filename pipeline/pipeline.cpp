@@ -98,12 +98,12 @@ Pipeline::~Pipeline() {
   if (weights_) cudaFree(weights_);
 }
 
-void* Pipeline::buffer(const char* name) const {
+void* Pipeline::buffer(std::string_view name) const {
   const TensorInfo* t = buffer_layout_.find(name);
   return t ? static_cast<char*>(buffers_) + t->offset : nullptr;
 }
 
-void* Pipeline::state_tensor(const std::string& name) const {
+void* Pipeline::state_tensor(std::string_view name) const {
   const TensorInfo* t = state_layout_.find(name);
   return t ? static_cast<char*>(state_) + t->offset : nullptr;
 }

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -59,8 +60,8 @@ class Pipeline {
   // then run on `rows` rows only, so a small batch does not pay for max_batch.
   Status set_batch(int rows);
   // Device pointer of a named tensor of the buffer or state arena (null if absent).
-  void* buffer(const char* name) const;
-  void* state_tensor(const std::string& name) const;
+  void* buffer(std::string_view name) const;
+  void* state_tensor(std::string_view name) const;
   const float* logits() const { return static_cast<const float*>(buffer("logits")); }  // [max_batch][vocab]
 
   // Synthetic weights (random_weights.h) for tests and benchmarks.
