@@ -4,7 +4,7 @@
 //
 // Lane p (0..3) of a group owns qs bytes 32p..32p+31 of a block: all 32 values of sub-block 2p
 // (low nibbles) and of sub-block 2p+1 (high nibbles), specs/q4k.md §3. One scale/min pair decode
-// serves 64 weights (the 8-lane split of q4k_dot.cuh decodes it once per 32), and in the int8
+// serves 64 weights (an 8-lane split would decode it once per 32), and in the int8
 // activation layout of activation_q8.cuh those 64 codes are contiguous: lo codes 32p..32p+31,
 // hi codes 128+32p..+31, meta[2p] and meta[2p+1].
 #pragma once
@@ -34,6 +34,11 @@ __device__ __forceinline__ void fence_barrier_init() {
 // One arrival that also announces `bytes` of bulk-copy data still to land in this phase.
 __device__ __forceinline__ void barrier_arrive_expect(std::uint64_t* bar, std::uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(bar)), "r"(bytes) : "memory");
+}
+
+// One plain arrival (a consumer's release of a buffer).
+__device__ __forceinline__ void barrier_arrive(std::uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(bar)) : "memory");
 }
 
 // Waits until the phase with parity `parity` has completed (all bytes landed).

@@ -6,6 +6,7 @@
 
 #include "common/cuda_check.h"
 #include "common/launch.cuh"
+#include "moe/moe_expert_stream.cuh"
 #include "moe/moe_expert_tile.cuh"
 #include "moe/moe_router_tile.cuh"
 
@@ -51,37 +52,29 @@ __global__ void __launch_bounds__(kBlockThreads) router_topk_kernel(const __grid
   }
 }
 
-// Prepare: besides the work list and the activations, the grid pulls whole experts into L2 for
-// the next two kernels: the shared experts before the PDL wait (weights only, so this overlaps the
-// routing), the routed experts of the first slots after it (few slots only: p.prefetch_slots).
+// Prepare: the work list (tile 0) and the int8 activations of h (tiles 1..).
 __global__ void __launch_bounds__(kBlockThreads) moe_prepare_kernel(const __grid_constant__ ExpertsTileParams p, int tiles) {
   extern __shared__ __align__(16) char smem[];
-  if (p.prefetch_shared) moe::prefetch_experts(p, p.num_shared, [&](int i) { return p.num_experts + i; });
   device::wait_for_upstream();
   device::allow_downstream();
-  if (p.prefetch_slots > 0) moe::prefetch_experts(p, p.prefetch_slots, [&](int i) { return __ldg(p.ids + i); });
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) moe::prepare_tile(p, tile, smem);
 }
 
-// Gate/up: kGateUpBlocksPerSm blocks per SM (3: 80 registers, two K blocks of both matrices in
-// flight per lane; 4: one). An L2 prefetch of each item's rows measured slower on the H200 (B = 8
-// layer 143.8 -> 136.1 us without it); so did one of the block's next item (154 us).
-__global__ void __launch_bounds__(kBlockThreads, moe::kGateUpBlocksPerSm) moe_gate_up_kernel(const __grid_constant__ ExpertsTileParams p) {
-  extern __shared__ __align__(16) char smem[];
+// Gate/up and down: kStreamBlocksPerSm streaming blocks per SM (their rings fill the shared memory).
+__global__ void __launch_bounds__(kBlockThreads, moe::kStreamBlocksPerSm)
+    moe_gate_up_kernel(const __grid_constant__ ExpertsTileParams p, const moe::StreamShape shape) {
+  extern __shared__ __align__(128) char smem[];
   device::wait_for_upstream();
   device::allow_downstream();
-  const int items = *p.num_active * moe::gate_up_row_groups(p.inter);  // work list from the device
-  for (int item = blockIdx.x; item < items; item += gridDim.x) moe::gate_up_item<moe::kGateUpUnroll>(p, item, smem);
+  moe::gate_up_stream(p, shape, smem);
 }
 
-// Down + combine: kDownBlocksPerSm blocks per SM (L2 prefetches of the items' rows measured slower).
-__global__ void __launch_bounds__(kBlockThreads, moe::kDownBlocksPerSm) moe_down_kernel(const __grid_constant__ ExpertsTileParams p) {
-  extern __shared__ __align__(16) char smem[];
+__global__ void __launch_bounds__(kBlockThreads, moe::kStreamBlocksPerSm)
+    moe_down_kernel(const __grid_constant__ ExpertsTileParams p, const moe::StreamShape shape) {
+  extern __shared__ __align__(128) char smem[];
   device::wait_for_upstream();
   device::allow_downstream();
-  const int num_active = *p.num_active;
-  const int items = num_active * moe::down_row_chunks(p.hidden);
-  for (int item = blockIdx.x; item < items; item += gridDim.x) moe::down_item(p, item, num_active, smem);
+  moe::down_stream(p, shape, smem);
 }
 
 // ---- helpers ------------------------------------------------------------------------------------
@@ -90,10 +83,9 @@ int router_slices(int hidden) { return (hidden / 256 + moe::kRouterSliceBlocks -
 
 // Offsets of the expert stage's workspace pieces (16-byte aligned, in this order).
 struct ExpertsLayout {
-  std::size_t num_active, active, offsets, entry_token, entry_weight, token_entries, chunk_done, act_in, act_mid, y, total;
+  std::size_t num_passes, passes, entry_token, entry_weight, token_entries, chunk_done, act_in, act_mid, y, total;
 };
 ExpertsLayout experts_layout(int max_batch, int num_experts, int num_shared, int top_k, int hidden, int inter) {
-  const std::size_t experts = std::size_t(num_experts) + num_shared;
   const std::size_t entries = std::size_t(max_batch) * (top_k + num_shared);
   ExpertsLayout l{};
   std::size_t at = 0;
@@ -102,13 +94,12 @@ ExpertsLayout experts_layout(int max_batch, int num_experts, int num_shared, int
     at = (at + bytes + 15) / 16 * 16;
     return here;
   };
-  l.num_active = take(sizeof(int));
-  l.active = take(experts * sizeof(int));
-  l.offsets = take((experts + 1) * sizeof(int));
+  l.num_passes = take(sizeof(int));
+  l.passes = take(std::size_t(moe::max_passes(max_batch, num_experts, num_shared, top_k, 1)) * sizeof(int4));  // any tokens_per_pass
   l.entry_token = take(entries * sizeof(int));
   l.entry_weight = take(entries * sizeof(float));
   l.token_entries = take(entries * sizeof(int));
-  l.chunk_done = take(std::size_t(hidden / moe::kRowsPerItem) * sizeof(int));
+  l.chunk_done = take(std::size_t(moe::down_row_chunks(hidden)) * sizeof(int));
   l.act_in = take(std::size_t(max_batch) * (hidden / 256) * gemv::kActBlockBytes);
   l.act_mid = take(entries * (inter / 256) * gemv::kActBlockBytes);
   l.y = take(entries * std::size_t(hidden) * sizeof(float));
@@ -116,14 +107,52 @@ ExpertsLayout experts_layout(int max_batch, int num_experts, int num_shared, int
   return l;
 }
 
-template <class Kernel>
-Status persistent_grid(Kernel kernel, std::size_t smem, std::int64_t max_tiles, int& grid) {
-  if (smem > 48 * 1024)
-    ENCORE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  int per_sm = 0;
-  ENCORE_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBlockThreads, smem));
-  grid = int(std::max<std::int64_t>(1, std::min<std::int64_t>(max_tiles, std::int64_t(std::max(per_sm, 1)) * detail::sm_count())));
-  return {};
+// The streams of the gate/up and down kernels: one block per SM, as many ring stages as fit in
+// shared memory (at most kMaxRingStages), entries per pass as many as leave at least
+// kWantStages (fewer only when one entry per pass cannot). Depends on max_batch, not the batch.
+struct StreamPlan {
+  moe::StreamShape gate_up, down;
+  int tokens = 0, gate_up_grid = 0, down_grid = 0;
+  std::size_t gate_up_smem = 0, down_smem = 0;
+};
+
+constexpr int kWantStages = 4, kMinStages = 2;
+
+// Fills shape (k_blocks, tokens, gather set) for `row_groups` items per pass; false if fewer than
+// min_stages fit.
+bool fit_stream(moe::StreamShape& shape, int passes, int row_groups, int min_stages, int& grid, std::size_t& smem) {
+  const std::int64_t items = std::int64_t(passes) * row_groups;
+  grid = int(std::max<std::int64_t>(1, std::min<std::int64_t>(items, std::int64_t(detail::sm_count()) * moe::kStreamBlocksPerSm)));
+  shape.stage_blocks = moe::stream_stage_blocks(shape.k_blocks);
+  shape.max_items = int((items + grid - 1) / grid);
+  constexpr std::size_t kReservedPerBlock = 1024;  // the runtime's shared memory per block
+  const std::size_t limit = std::size_t(detail::max_shared_memory_per_block()) / moe::kStreamBlocksPerSm -
+                            (moe::kStreamBlocksPerSm > 1 ? kReservedPerBlock : 0);
+  for (shape.stages = moe::kMaxRingStages; shape.stages >= min_stages; --shape.stages) {
+    smem = moe::StreamSmem(nullptr, shape).bytes;
+    if (smem <= limit) return true;
+  }
+  return false;
+}
+
+Status plan_streams(const MoeExpertsParams& a, StreamPlan& plan) {
+  for (int min_stages : {kWantStages, kMinStages})
+    for (int tokens = std::min(moe::kTokensPerPass, a.max_batch); tokens >= 1; --tokens) {
+      const int passes = moe::max_passes(a.max_batch, a.num_experts, a.num_shared, a.top_k, tokens);
+      plan.tokens = tokens;
+      plan.gate_up = {a.hidden / 256, 0, 0, tokens, 0, true};
+      plan.down = {a.inter / 256, 0, 0, tokens, 0, false};
+      if (fit_stream(plan.gate_up, passes, moe::gate_up_row_groups(a.inter), min_stages, plan.gate_up_grid, plan.gate_up_smem) &&
+          fit_stream(plan.down, passes, moe::down_row_chunks(a.hidden), min_stages, plan.down_grid, plan.down_smem)) {
+        // The combine stages the entry lists in the (then idle) down ring.
+        const std::size_t lists = std::size_t(a.max_batch) * (a.top_k + a.num_shared) * 8;
+        ENCORE_REQUIRE(std::size_t(kWarpsPerBlock) * plan.down.stages * plan.down.stage_bytes() >= lists, StatusCode::kUnsupported,
+                       "moe_experts: the down ring cannot hold the combine's entry lists");
+        return {};
+      }
+    }
+  return Status(StatusCode::kUnsupported, detail::concat("moe_experts: hidden = ", a.hidden, ", inter = ", a.inter,
+                                                         ": the expert streams do not fit in shared memory"));
 }
 
 Status validate_batch(const char* op, int batch, int max_batch) {
@@ -340,13 +369,11 @@ Status moe_experts_validate(const MoeExpertsParams& a) {
 }
 
 Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
-  const char* op = "moe_experts";
   ENCORE_RETURN_IF_ERROR(moe_experts_validate(a));
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   const ExpertsLayout layout = experts_layout(a.max_batch, a.num_experts, a.num_shared, a.top_k, a.hidden, a.inter);
-  const std::size_t gate_up_smem = moe::gate_up_smem_bytes(a.hidden / 256), down_smem = moe::down_smem_bytes(a.inter / 256);
-  ENCORE_REQUIRE(gate_up_smem <= std::size_t(detail::max_shared_memory_per_block()), StatusCode::kUnsupported, op,
-                 ": hidden = ", a.hidden, " needs ", gate_up_smem, " bytes of shared memory per block");
+  StreamPlan plan;
+  ENCORE_RETURN_IF_ERROR(plan_streams(a, plan));
 
   char* ws = static_cast<char*>(a.workspace);
   ExpertsTileParams p{};
@@ -371,11 +398,9 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   p.weights = a.topk_weights;
   p.slot_ids = a.slot_ids;
   p.error_flag = a.error_flag;
-  p.prefetch_shared = moe::kPreparePrefetch;
-  p.prefetch_slots = moe::kPreparePrefetch && a.batch * a.top_k <= moe::kPrefetchMaxSlots ? a.batch * a.top_k : 0;
-  p.num_active = reinterpret_cast<int*>(ws + layout.num_active);
-  p.active = reinterpret_cast<int*>(ws + layout.active);
-  p.offsets = reinterpret_cast<int*>(ws + layout.offsets);
+  p.tokens_per_pass = plan.tokens;
+  p.num_passes = reinterpret_cast<int*>(ws + layout.num_passes);
+  p.passes = reinterpret_cast<int4*>(ws + layout.passes);
   p.entry_token = reinterpret_cast<int*>(ws + layout.entry_token);
   p.entry_weight = reinterpret_cast<float*>(ws + layout.entry_weight);
   p.token_entries = reinterpret_cast<int*>(ws + layout.token_entries);
@@ -388,12 +413,9 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   const int prepare = moe::prepare_tiles(a.max_batch, p.hidden_blocks);
   ENCORE_RETURN_IF_ERROR(detail::launch(moe_prepare_kernel, prepare, moe::prepare_smem_bytes(), stream, true,
                                         "moe prepare kernel", p, prepare));
-  const std::int64_t max_active = std::min<std::int64_t>(a.num_experts, std::int64_t(a.max_batch) * a.top_k) + a.num_shared;
-  int grid = 0;
-  ENCORE_RETURN_IF_ERROR(persistent_grid(moe_gate_up_kernel, gate_up_smem, max_active * moe::gate_up_row_groups(a.inter), grid));
-  ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel, grid, gate_up_smem, stream, true, "moe gate/up kernel", p));
-  ENCORE_RETURN_IF_ERROR(persistent_grid(moe_down_kernel, down_smem, max_active * moe::down_row_chunks(a.hidden), grid));
-  return detail::launch(moe_down_kernel, grid, down_smem, stream, true, "moe down kernel", p);
+  ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel, plan.gate_up_grid, plan.gate_up_smem, stream, true,
+                                        "moe gate/up kernel", p, plan.gate_up));
+  return detail::launch(moe_down_kernel, plan.down_grid, plan.down_smem, stream, true, "moe down kernel", p, plan.down);
 }
 
 }  // namespace encore::ops

@@ -6,7 +6,8 @@
 //   moe_topk     the same top-k from caller-provided fp32 logits.
 //   moe_experts  x[t] += sum_j w[t][j] * E_{ids[t][j]}(h[t]) + sum_s Shared_s(h[t]), with
 //                E(h) = W_down (silu(W_gate h) * (W_up h)); Q4_K weights; work list built on the
-//                device (graph-safe); each used expert's weights streamed once per step; a token's
+//                device (graph-safe); each used expert's weights streamed once per step for up
+//                to 8 of its tokens (once per pass of up to 8 when more are routed to it); a token's
 //                contributions summed in ascending expert id, shared experts last: no atomics, and
 //                a token's result is bitwise independent of the rest of the batch.
 #pragma once

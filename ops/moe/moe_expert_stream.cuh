@@ -1,0 +1,307 @@
+// Streaming bodies of the expert GEMVs (specs/moe.md §5-§6). Persistent blocks (kStreamBlocksPerSm
+// per SM) walk their items (blockIdx.x, blockIdx.x + gridDim.x, ...):
+//   gate/up item = (pass, 32 rows): the 32 gate and 32 up rows of the pass's expert for its
+//                  entries; silu(g)*u is quantised into the int8 format (one 32-value sub-block
+//                  per entry) for the down projection.
+//   down item    = (pass, 64 output rows): y[entry][row] = W_down[row] . mid[entry]; the last
+//                  item of a row chunk to finish (an integer counter, counted when the block's
+//                  items are done) runs the ordered combine.
+// An item is 64 (matrix, row) units: one per 4-lane group of the 8 warps. Its weights arrive in
+// K stages through a ring of shared-memory buffers per warp (as in the GEMV): one bulk copy per
+// unit and stage, completion on one mbarrier per buffer; a warp refills a buffer as soon as it is
+// done with it. The entries' activations arrive through two block-wide buffers, one bulk copy per
+// entry; warp 0 refills one once every warp has released it (an mbarrier of 8 arrivals). Bytes in
+// flight cost no registers, so one block keeps several stages of the next items in flight.
+// The math is the GEMV's quad core (gemv/q4k_stream.cuh): lane p of a group decodes 64 weights of
+// a block once and dots them with each entry's int8 activations, in K order; a group's four
+// lanes are summed by a fixed butterfly. A token's result never depends on the other tokens.
+#pragma once
+
+#include <cstdint>
+
+#include "gemv/gemv_tile.cuh"  // stage_pitch
+#include "gemv/q4k_stream.cuh"
+#include "moe/moe_expert_tile.cuh"
+
+namespace encore::moe {
+
+inline constexpr int kStreamUnits = 64;       // (matrix, row) units per item: 8 warps x 8 groups
+inline constexpr int kUnitsPerWarp = kStreamUnits / kWarpsPerBlock;
+inline constexpr int kMaxRingStages = 8;
+inline constexpr int kActBuffers = 2;
+static_assert(kWarpsPerBlock * 8 == kStreamUnits && kTokensPerPass <= kWarpsPerBlock);
+static_assert(kStreamUnits == 2 * kGateUpRows && kStreamUnits == kDownRows);
+
+// Compile-time tuning (H200 A/B in bench/RESULTS.md): stream blocks per SM, and the most K
+// blocks per stage (one bulk copy per unit and stage). Two blocks per SM beat one at every batch
+// (Kimi layer B = 32: 282 vs 363 us): a block's items run their epilogues and activation waits in
+// series, and a second block fills those gaps. Stages of up to 9 blocks (longer copies) gained
+// 2-5% at one block per SM but leave no room for two.
+#ifndef ENCORE_MOE_STREAM_BLOCKS_PER_SM
+#define ENCORE_MOE_STREAM_BLOCKS_PER_SM 2
+#endif
+#ifndef ENCORE_MOE_MAX_STAGE_BLOCKS
+#define ENCORE_MOE_MAX_STAGE_BLOCKS 4
+#endif
+inline constexpr int kStreamBlocksPerSm = ENCORE_MOE_STREAM_BLOCKS_PER_SM;
+inline constexpr int kMaxStageBlocks = ENCORE_MOE_MAX_STAGE_BLOCKS;
+
+// K blocks per stage: the fewest stages of at most kMaxStageBlocks blocks, split evenly (9 -> 3 + 3 + 3).
+__host__ __device__ constexpr int stream_stage_blocks(int k_blocks) {
+  const int stages = (k_blocks + kMaxStageBlocks - 1) / kMaxStageBlocks;
+  return (k_blocks + stages - 1) / stages;
+}
+
+// The shape of one kernel's stream, chosen by the host.
+struct StreamShape {
+  int k_blocks;       // K / 256 of the matrices
+  int stage_blocks;   // stream_stage_blocks(k_blocks)
+  int stages;         // ring buffers per warp, 2..kMaxRingStages
+  int tokens;         // entries per pass (activation buffer capacity)
+  int max_items;      // items one block can get (size of its item table)
+  bool gather;        // gate/up: activations per token (gathered); down: per entry (contiguous)
+
+  __host__ __device__ int pitch() const { return gemv::stage_pitch(stage_blocks); }
+  __host__ __device__ int stage_bytes() const { return kUnitsPerWarp * pitch(); }  // one warp's buffer
+  __host__ __device__ int act_token_bytes() const { return k_blocks * gemv::kActBlockBytes; }
+  __host__ __device__ int stages_per_item() const { return (k_blocks + stage_blocks - 1) / stage_blocks; }
+};
+
+// Shared memory of a stream block: barriers and counters | item table | ring | activations |
+// (gate/up) silu(g)*u of two items and one quantiser block per warp | (down) combine flags.
+struct StreamSmem {
+  std::uint64_t* full;        // [warps][kMaxRingStages] one phase per fill of a ring buffer
+  std::uint64_t* act_full;    // [kActBuffers]
+  std::uint64_t* act_empty;   // [kActBuffers] one arrival per warp done with an activation buffer
+  int4* items;                // [max_items] {expert, first entry, entries, row group}
+  int* tokens;                // [max_items][tokens] (gather only) the entries' tokens
+  char* ring;                 // [warps][stages][stage_bytes]
+  char* act;                  // [kActBuffers][tokens][act_token_bytes]
+  float* mid;                 // [2][tokens][kGateUpRows]
+  char* scratch;              // [warps][384]
+  int* last;                  // [max_items] (down) this block combines the item's row chunk
+  std::size_t bytes;
+
+  __host__ __device__ StreamSmem(char* base, const StreamShape& s) {
+    device::SmemAllocator a(base);
+    full = a.take<std::uint64_t>(kWarpsPerBlock * kMaxRingStages, 8);
+    act_full = a.take<std::uint64_t>(kActBuffers, 8);
+    act_empty = a.take<std::uint64_t>(kActBuffers, 8);
+    items = a.take<int4>(s.max_items);
+    tokens = a.take<int>(s.gather ? std::size_t(s.max_items) * s.tokens : 0);
+    ring = a.take<char>(std::size_t(kWarpsPerBlock) * s.stages * s.stage_bytes(), 128);
+    act = a.take<char>(std::size_t(kActBuffers) * s.tokens * s.act_token_bytes(), 128);
+    mid = a.take<float>(s.gather ? 2 * std::size_t(s.tokens) * kGateUpRows : 0);
+    scratch = a.take<char>(s.gather ? std::size_t(kWarpsPerBlock) * gemv::kActBlockBytes : 0);
+    last = a.take<int>(s.gather ? 0 : s.max_items);
+    bytes = a.used();
+  }
+};
+
+// The block's view of its stream: shape, matrices and the item count (block-uniform).
+template <int NMAT>
+struct ExpertStream {
+  StreamShape shape;
+  StreamSmem s;
+  const char* mat[NMAT];
+  std::int64_t matrix_bytes, row_bytes;
+  const char* act_src;
+  int items;
+
+  // Fills the item table (after the PDL wait: it reads the work list) and starts the ring.
+  __device__ ExpertStream(const ExpertsTileParams& p, const StreamShape& sh, char* smem, int row_groups)
+      : shape(sh), s(smem, sh) {
+    if (NMAT == 2) {
+      mat[0] = p.gate, mat[NMAT - 1] = p.up;
+      matrix_bytes = p.up_matrix_bytes, row_bytes = p.up_row_bytes, act_src = p.act_in;
+    } else {
+      mat[0] = p.down;
+      matrix_bytes = p.down_matrix_bytes, row_bytes = p.down_row_bytes, act_src = p.act_mid;
+    }
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < kWarpsPerBlock * kMaxRingStages; ++i) gemv::stream::barrier_init(&s.full[i], 1);
+      for (int i = 0; i < kActBuffers; ++i)
+        gemv::stream::barrier_init(&s.act_full[i], 1), gemv::stream::barrier_init(&s.act_empty[i], kWarpsPerBlock);
+      gemv::stream::fence_barrier_init();
+    }
+    const int total = *p.num_passes * row_groups;
+    items = total > int(blockIdx.x) ? (total - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x) : 0;
+    for (int k = threadIdx.x; k < items; k += kBlockThreads) {
+      const int item = int(blockIdx.x) + k * int(gridDim.x);
+      const int4 pass = p.passes[item / row_groups];
+      s.items[k] = make_int4(pass.x, pass.y, pass.z, item % row_groups);
+      if (shape.gather)
+        for (int t = 0; t < pass.z; ++t) s.tokens[k * shape.tokens + t] = p.entry_token[pass.y + t];
+    }
+    __syncthreads();
+    // The first activations go first: an SM's bulk copies complete in about the order issued.
+    if (threadIdx.x / 32 == 0)
+      for (int k = 0; k < kActBuffers; ++k) issue_activations(k);
+    __syncthreads();
+    for (int j = 0; j < shape.stages; ++j) issue_stage(j);
+  }
+
+  // Warp-wide: bulk copies of the calling warp's units of global stage j (item j / stages_per_item)
+  // into its buffer j % stages.
+  __device__ void issue_stage(int j) const {
+    const int spi = shape.stages_per_item(), k = j / spi;
+    if (k >= items) return;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, slot = j % shape.stages;
+    const int kb0 = (j % spi) * shape.stage_blocks, nb = min(shape.stage_blocks, shape.k_blocks - kb0);
+    const int4 item = s.items[k];
+    const std::uint32_t bytes = std::uint32_t(nb) * q4k::kBlockBytes;
+    std::uint64_t* bar = &s.full[warp * kMaxRingStages + slot];
+    if (lane == 0) gemv::stream::barrier_arrive_expect(bar, kUnitsPerWarp * bytes);
+    __syncwarp();
+    if (lane < kUnitsPerWarp) {
+      const int u = warp * kUnitsPerWarp + lane;
+      const std::int64_t row = std::int64_t(item.w) * (kStreamUnits / NMAT) + u / NMAT;
+      const char* src = (u % NMAT == 0 ? mat[0] : mat[NMAT - 1]) + item.x * matrix_bytes + row * row_bytes + kb0 * q4k::kBlockBytes;
+      gemv::stream::bulk_copy_to_shared(buffer(slot) + lane * shape.pitch(), src, bytes, bar, q4k::device::evict_first_policy());
+    }
+  }
+
+  // The calling warp's ring buffer `slot`.
+  __device__ char* buffer(int slot) const {
+    return s.ring + (std::size_t(threadIdx.x / 32) * shape.stages + slot) * shape.stage_bytes();
+  }
+
+  // Warp-wide: bulk copies of item k's entries' activations into buffer k % kActBuffers.
+  __device__ void issue_activations(int k) const {
+    if (k >= items) return;
+    const int lane = threadIdx.x % 32, b = k % kActBuffers;
+    const int4 item = s.items[k];
+    const int bytes = shape.act_token_bytes();
+    if (lane == 0) gemv::stream::barrier_arrive_expect(&s.act_full[b], std::uint32_t(item.z * bytes));
+    __syncwarp();
+    if (lane < item.z) {
+      const int row = shape.gather ? s.tokens[k * shape.tokens + lane] : item.y + lane;
+      gemv::stream::bulk_copy_to_shared(act_buffer(b) + lane * bytes, act_src + std::int64_t(row) * bytes, bytes,
+                                        &s.act_full[b], evict_last_policy());
+    }
+  }
+
+  __device__ char* act_buffer(int b) const { return s.act + std::size_t(b) * shape.tokens * shape.act_token_bytes(); }
+
+  static __device__ std::uint64_t evict_last_policy() {
+    std::uint64_t policy;
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
+  }
+
+  // Item k: acc[t] = this group's row . entry t's activations (t < entries), summed over the
+  // group; `stage` counts the global stages this warp has consumed. Refills what it frees.
+  __device__ int4 compute_item(int k, std::uint32_t& stage, float (&acc)[kTokensPerPass]) const {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4;
+    const int spi = shape.stages_per_item();
+    const int b = k % kActBuffers;
+    gemv::stream::barrier_wait(&s.act_full[b], (k / kActBuffers) & 1u);
+    const int4 item = s.items[k];
+    const int count = item.z;
+    const char* act = act_buffer(b);
+    const gemv::stream::PairUnpack unpack = gemv::stream::pair_unpack(quad);
+#pragma unroll
+    for (int t = 0; t < kTokensPerPass; ++t) acc[t] = 0.f;
+    for (int st = 0; st < spi; ++st, ++stage) {
+      const int slot = int(stage % std::uint32_t(shape.stages));
+      gemv::stream::barrier_wait(&s.full[warp * kMaxRingStages + slot], (stage / std::uint32_t(shape.stages)) & 1u);
+      const char* row = buffer(slot) + (lane / 4) * shape.pitch();
+      const int kb0 = st * shape.stage_blocks, nb = min(shape.stage_blocks, shape.k_blocks - kb0);
+      for (int jl = 0; jl < nb; ++jl) {
+        const gemv::stream::QuadWeights w = gemv::stream::decode_quad(row + jl * q4k::kBlockBytes, quad, unpack);
+#pragma unroll
+        for (int t = 0; t < kTokensPerPass; ++t) {
+          if (t >= count) break;
+          const char* a = act + t * shape.act_token_bytes() + (kb0 + jl) * gemv::kActBlockBytes;
+          acc[t] += gemv::stream::quad_dot(w, gemv::stream::load_quad_activations(a, quad));
+        }
+      }
+      __syncwarp();  // every lane is done with the buffer before it is refilled
+      issue_stage(int(stage) + shape.stages);
+    }
+    release_activations(k);
+#pragma unroll
+    for (int t = 0; t < kTokensPerPass; ++t) {
+      acc[t] += __shfl_xor_sync(0xFFFFFFFFu, acc[t], 1);
+      acc[t] += __shfl_xor_sync(0xFFFFFFFFu, acc[t], 2);
+    }
+    return item;
+  }
+
+  // This warp is done with item k's activations; warp 0 refills the buffer with item
+  // k + kActBuffers's once every warp is.
+  __device__ void release_activations(int k) const {
+    const int b = k % kActBuffers;
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) gemv::stream::barrier_arrive(&s.act_empty[b]);
+    if (threadIdx.x / 32 != 0 || k + kActBuffers >= items) return;
+    gemv::stream::barrier_wait(&s.act_empty[b], (k / kActBuffers) & 1u);
+    issue_activations(k + kActBuffers);
+  }
+};
+
+// ---- gate/up ------------------------------------------------------------------------------------
+
+// Unit u = (matrix u % 2, row u / 2): a warp's groups 2i and 2i+1 hold the gate and up rows of
+// one row, so silu(g)*u is one shuffle away.
+__device__ inline void gate_up_stream(const ExpertsTileParams& p, const StreamShape& shape, char* smem) {
+  const ExpertStream<2> stream(p, shape, smem, gate_up_row_groups(p.inter));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, unit = warp * 8 + lane / 4;
+  std::uint32_t stage = 0;
+  for (int k = 0; k < stream.items; ++k) {
+    float acc[kTokensPerPass];
+    const int4 item = stream.compute_item(k, stage, acc);
+    const int count = item.z, row_group = item.w;
+    float* mid = stream.s.mid + (k % 2) * shape.tokens * kGateUpRows;  // two items' worth: one barrier per item
+#pragma unroll
+    for (int t = 0; t < kTokensPerPass; ++t) {
+      if (t >= count) break;
+      const float u = __shfl_xor_sync(0xFFFFFFFFu, acc[t], 4);
+      const float g = acc[t];
+      if (unit % 2 == 0 && lane % 4 == t % 4) mid[t * kGateUpRows + unit / 2] = g / (1.f + expf(-g)) * u;
+    }
+    __syncthreads();
+    // Warp t quantises entry t's 32 values: rows 32*row_group.. are sub-block row_group % 8 of
+    // 256-value block row_group / 8 of the entry's activations.
+    if (warp < count)
+      quantize_sub_block(mid + warp * kGateUpRows, row_group % 8, stream.s.scratch + warp * gemv::kActBlockBytes,
+                         p.act_mid + (std::int64_t(item.y + warp) * p.inter_blocks + row_group / 8) * gemv::kActBlockBytes);
+  }
+}
+
+// ---- down + combine -----------------------------------------------------------------------------
+
+__device__ inline void down_stream(const ExpertsTileParams& p, const StreamShape& shape, char* smem) {
+  const ExpertStream<1> stream(p, shape, smem, down_row_chunks(p.hidden));
+  const int lane = threadIdx.x % 32, unit = threadIdx.x / 4;
+  std::uint32_t stage = 0;
+  for (int k = 0; k < stream.items; ++k) {
+    float acc[kTokensPerPass];
+    const int4 item = stream.compute_item(k, stage, acc);
+    const std::int64_t row = std::int64_t(item.w) * kDownRows + unit;
+#pragma unroll
+    for (int t = 0; t < kTokensPerPass; ++t)
+      if (t < item.z && lane % 4 == t % 4) p.y[(item.y + t) * std::int64_t(p.hidden) + row] = acc[t];
+  }
+
+  // Each row chunk is combined by the last of its num_passes items to finish (integer counters;
+  // release: fence before the count, acquire: fence after reading the final count). The block
+  // counts all its items at once, so their round trips overlap.
+  __syncthreads();
+  const int num_passes = *p.num_passes;
+  for (int k = threadIdx.x; k < stream.items; k += kBlockThreads) {
+    __threadfence();
+    const bool last = atomicAdd(p.chunk_done + stream.s.items[k].w, 1) == num_passes - 1;
+    if (last) __threadfence();
+    stream.s.last[k] = last;
+  }
+  for (int k = 0; k < stream.items; ++k) {
+    __syncthreads();  // (the ring is idle now: the combine stages its entry lists there)
+    if (!stream.s.last[k]) continue;
+    const int chunk = stream.s.items[k].w;
+    combine_chunk(p, chunk, stream.s.ring);
+    if (threadIdx.x == 0) p.chunk_done[chunk] = 0;  // ready for the next step
+  }
+}
+
+}  // namespace encore::moe
