@@ -36,11 +36,6 @@ __device__ __forceinline__ void barrier_arrive_expect(std::uint64_t* bar, std::u
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(bar)), "r"(bytes) : "memory");
 }
 
-// One plain arrival (a consumer's release of a buffer).
-__device__ __forceinline__ void barrier_arrive(std::uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(bar)) : "memory");
-}
-
 // Waits until the phase with parity `parity` has completed (all bytes landed).
 __device__ __forceinline__ void barrier_wait(std::uint64_t* bar, std::uint32_t parity) {
   const std::uint32_t addr = smem_address(bar);

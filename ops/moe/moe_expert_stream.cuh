@@ -10,8 +10,8 @@
 // K stages through a ring of shared-memory buffers per warp (as in the GEMV): one bulk copy per
 // unit and stage, completion on one mbarrier per buffer; a warp refills a buffer as soon as it is
 // done with it. The entries' activations arrive through two block-wide buffers, one bulk copy per
-// entry; warp 0 refills one once every warp has released it (an mbarrier of 8 arrivals). Bytes in
-// flight cost no registers, so one block keeps several stages of the next items in flight.
+// entry; warp 0 refills one after the block barrier that ends its item. Bytes in flight cost no
+// registers, so one block keeps several stages of the next items in flight.
 // The math is the GEMV's quad core (gemv/q4k_stream.cuh): lane p of a group decodes 64 weights of
 // a block once and dots them with each entry's int8 activations, in K order; a group's four
 // lanes are summed by a fixed butterfly. A token's result never depends on the other tokens.
@@ -72,7 +72,6 @@ struct StreamShape {
 struct StreamSmem {
   std::uint64_t* full;        // [warps][kMaxRingStages] one phase per fill of a ring buffer
   std::uint64_t* act_full;    // [kActBuffers]
-  std::uint64_t* act_empty;   // [kActBuffers] one arrival per warp done with an activation buffer
   int4* items;                // [max_items] {expert, first entry, entries, row group}
   int* tokens;                // [max_items][tokens] (gather only) the entries' tokens
   char* ring;                 // [warps][stages][stage_bytes]
@@ -86,7 +85,6 @@ struct StreamSmem {
     device::SmemAllocator a(base);
     full = a.take<std::uint64_t>(kWarpsPerBlock * kMaxRingStages, 8);
     act_full = a.take<std::uint64_t>(kActBuffers, 8);
-    act_empty = a.take<std::uint64_t>(kActBuffers, 8);
     items = a.take<int4>(s.max_items);
     tokens = a.take<int>(s.gather ? std::size_t(s.max_items) * s.tokens : 0);
     ring = a.take<char>(std::size_t(kWarpsPerBlock) * s.stages * s.stage_bytes(), 128);
@@ -120,8 +118,7 @@ struct ExpertStream {
     }
     if (threadIdx.x == 0) {
       for (int i = 0; i < kWarpsPerBlock * kMaxRingStages; ++i) gemv::stream::barrier_init(&s.full[i], 1);
-      for (int i = 0; i < kActBuffers; ++i)
-        gemv::stream::barrier_init(&s.act_full[i], 1), gemv::stream::barrier_init(&s.act_empty[i], kWarpsPerBlock);
+      for (int i = 0; i < kActBuffers; ++i) gemv::stream::barrier_init(&s.act_full[i], 1);
       gemv::stream::fence_barrier_init();
     }
     const int total = *p.num_passes * row_groups;
@@ -219,7 +216,6 @@ struct ExpertStream {
       __syncwarp();  // every lane is done with the buffer before it is refilled
       issue_stage(int(stage) + shape.stages);
     }
-    release_activations(k);
 #pragma unroll
     for (int t = 0; t < kTokensPerPass; ++t) {
       acc[t] += __shfl_xor_sync(0xFFFFFFFFu, acc[t], 1);
@@ -228,15 +224,10 @@ struct ExpertStream {
     return item;
   }
 
-  // This warp is done with item k's activations; warp 0 refills the buffer with item
-  // k + kActBuffers's once every warp is.
-  __device__ void release_activations(int k) const {
-    const int b = k % kActBuffers;
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) gemv::stream::barrier_arrive(&s.act_empty[b]);
-    if (threadIdx.x / 32 != 0 || k + kActBuffers >= items) return;
-    gemv::stream::barrier_wait(&s.act_empty[b], (k / kActBuffers) & 1u);
-    issue_activations(k + kActBuffers);
+  // After the block barrier that ends item k: warp 0 refills its activation buffer with item
+  // k + kActBuffers's.
+  __device__ void refill_activations(int k) const {
+    if (threadIdx.x / 32 == 0) issue_activations(k + kActBuffers);
   }
 };
 
@@ -261,6 +252,7 @@ __device__ inline void gate_up_stream(const ExpertsTileParams& p, const StreamSh
       if (unit % 2 == 0 && lane % 4 == t % 4) mid[t * kGateUpRows + unit / 2] = g / (1.f + expf(-g)) * u;
     }
     __syncthreads();
+    stream.refill_activations(k);
     // Warp t quantises entry t's 32 values: rows 32*row_group.. are sub-block row_group % 8 of
     // 256-value block row_group / 8 of the entry's activations.
     if (warp < count)
@@ -282,6 +274,8 @@ __device__ inline void down_stream(const ExpertsTileParams& p, const StreamShape
 #pragma unroll
     for (int t = 0; t < kTokensPerPass; ++t)
       if (t < item.z && lane % 4 == t % 4) p.y[(item.y + t) * std::int64_t(p.hidden) + row] = acc[t];
+    __syncthreads();
+    stream.refill_activations(k);
   }
 
   // Each row chunk is combined by the last of its num_passes items to finish (integer counters;
