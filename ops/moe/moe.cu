@@ -107,9 +107,10 @@ ExpertsLayout experts_layout(int max_batch, int num_experts, int num_shared, int
   return l;
 }
 
-// The streams of the gate/up and down kernels: one block per SM, as many ring stages as fit in
-// shared memory (at most kMaxRingStages), entries per pass as many as leave at least
-// kWantStages (fewer only when one entry per pass cannot). Depends on max_batch, not the batch.
+// The streams of the gate/up and down kernels: kStreamBlocksPerSm blocks per SM, as many ring
+// stages per warp as fit in their share of shared memory (at most kMaxRingStages), entries per
+// pass as many as leave at least kWantStages (or, when none does, kMinStages). Depends on
+// max_batch and the device, not on the batch, so one capture serves any routing.
 struct StreamPlan {
   moe::StreamShape gate_up, down;
   int tokens = 0, gate_up_grid = 0, down_grid = 0;
