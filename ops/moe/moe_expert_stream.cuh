@@ -67,7 +67,7 @@ struct StreamShape {
   __host__ __device__ int stages_per_item() const { return (k_blocks + stage_blocks - 1) / stage_blocks; }
 };
 
-// Shared memory of a stream block: barriers and counters | item table | ring | activations |
+// Shared memory of a stream block: barriers | item table | ring | activations |
 // (gate/up) silu(g)*u of two items and one quantiser block per warp | (down) combine flags.
 struct StreamSmem {
   std::uint64_t* full;        // [warps][kMaxRingStages] one phase per fill of a ring buffer
@@ -131,7 +131,9 @@ struct ExpertStream {
         for (int t = 0; t < pass.z; ++t) s.tokens[k * shape.tokens + t] = p.entry_token[pass.y + t];
     }
     __syncthreads();
-    // The first activations go first: an SM's bulk copies complete in about the order issued.
+    // The first activations are issued before any weights, so they do not queue behind them (an
+    // SM's bulk copies complete in about the order issued; on the H200 this did not move the first
+    // item, which waits on its weights as much).
     if (threadIdx.x / 32 == 0)
       for (int k = 0; k < kActBuffers; ++k) issue_activations(k);
     __syncthreads();
