@@ -192,7 +192,7 @@ __device__ inline void prepare_tile(const ExpertsTileParams& p, int tile, char* 
   gemv::quantize_act_block(v, p.act_in + std::int64_t(unit) * gemv::kActBlockBytes);
 }
 
-// ---- gate/up ------------------------------------------------------------------------------------
+// ---- the silu(g)*u quantiser --------------------------------------------------------------------
 
 // Quantises the 32 values mid[0..31] as sub-block `sub_block` of a 256-value block and writes only
 // that sub-block's codes and meta to `out`. gemv::quantize_act_block does the arithmetic on a
@@ -219,7 +219,7 @@ __device__ __forceinline__ void quantize_sub_block(const float* mid, int sub_blo
   __syncwarp();
 }
 
-// ---- down + combine -----------------------------------------------------------------------------
+// ---- the ordered combine ------------------------------------------------------------------------
 
 // x[t][row] += sum over the token's entries (ascending expert id, shared last) of w * y, for the
 // kDownRows rows of `chunk_index`. The entry lists and weights are staged in `scratch` first
