@@ -119,14 +119,23 @@ void plan(GemvTileParams& p, int ntok, int nmat, int sms) {
   p = best;
 }
 
+// The device-dependent plan (row split, stages) of p for ntok tokens and its shared memory.
+// Validation runs it too, so a shape the device cannot hold fails before any stage launches.
+Status plan_launch(GemvTileParams& p, int ntok, int nmat, std::size_t& smem) {
+  plan(p, ntok, nmat, detail::sm_count());
+  smem = smem_bytes(p, ntok, nmat);
+  ENCORE_REQUIRE(smem <= kSmemOnePerSm, StatusCode::kUnsupported, "q4k gemv: n = ", p.n, ", k = ", p.k_blocks * 256,
+                 ", batch = ", p.batch, ": no shared-memory plan fits (", smem, " bytes)");
+  return {};
+}
+
 Status launch_gemv(GemvTileParams p, int nmat, cudaStream_t stream, GemvLaunch options) {
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   const int sms = detail::sm_count();
   return dispatch_tokens(p.batch, [&](auto ntok) -> Status {
     constexpr int kTok = decltype(ntok)::value;
-    plan(p, kTok, nmat, sms);
-    const std::size_t smem = smem_bytes(p, kTok, nmat);
-    ENCORE_REQUIRE(smem <= kSmemOnePerSm, StatusCode::kUnsupported, "q4k gemv: no shared-memory plan fits (", smem, " bytes)");
+    std::size_t smem = 0;
+    ENCORE_RETURN_IF_ERROR(plan_launch(p, kTok, nmat, smem));
     auto kernel = nmat == 2 ? gemv_kernel<kTok, 2> : gemv_kernel<kTok, 1>;
     if (smem > 48 * 1024)
       ENCORE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -210,11 +219,19 @@ GemvTileParams base_params(const Shape& s, const float* x, const float* gamma, f
   return p;
 }
 
+// Runs the launch plan of a validated shape (host only).
+Status check_plan(const Shape& s, int nmat) {
+  GemvTileParams p = base_params(s, nullptr, nullptr, 0.f);
+  std::size_t smem = 0;
+  return dispatch_tokens(s.batch, [&](auto ntok) { return plan_launch(p, decltype(ntok)::value, nmat, smem); });
+}
+
 }  // namespace
 
 Status q4k_gemv_validate(const Q4kGemvParams& a) {
   const Shape s = shape_of(a);
   ENCORE_RETURN_IF_ERROR(validate_shape("q4k_gemv", s));
+  ENCORE_RETURN_IF_ERROR(check_plan(s, 1));
   const void* w[] = {a.weight};
   float* outs[] = {a.y};
   return validate_io("q4k_gemv: weight", s, w, 1, a.x, nullptr, outs, 1, a.residual, nullptr);
@@ -233,6 +250,7 @@ Status q4k_gemv(const Q4kGemvParams& a, cudaStream_t stream, GemvLaunch options)
 Status rmsnorm_q4k_gemv_validate(const RmsNormQ4kGemvParams& a) {
   const Shape s = shape_of(a);
   ENCORE_RETURN_IF_ERROR(validate_shape("rmsnorm_q4k_gemv", s));
+  ENCORE_RETURN_IF_ERROR(check_plan(s, 1));
   ENCORE_REQUIRE(a.gamma != nullptr, StatusCode::kNullPointer, "rmsnorm_q4k_gemv: gamma is null");
   ENCORE_REQUIRE(a.eps > 0.f, StatusCode::kInvalidArgument, "rmsnorm_q4k_gemv: eps must be positive");
   const void* w[] = {a.weight};
@@ -254,6 +272,7 @@ Status rmsnorm_q4k_gemv(const RmsNormQ4kGemvParams& a, cudaStream_t stream, Gemv
 Status gate_up_q4k_gemv_validate(const GateUpQ4kGemvParams& a) {
   const Shape s = shape_of(a);
   ENCORE_RETURN_IF_ERROR(validate_shape("gate_up_q4k_gemv", s));
+  ENCORE_RETURN_IF_ERROR(check_plan(s, 2));
   const bool raw = a.output == GateUpOutput::kRaw;
   ENCORE_REQUIRE(raw || a.up_out == nullptr, StatusCode::kInvalidArgument, "gate_up_q4k_gemv: up_out is only written in kRaw mode");
   if (a.gamma) ENCORE_REQUIRE(a.eps > 0.f, StatusCode::kInvalidArgument, "gate_up_q4k_gemv: eps must be positive");

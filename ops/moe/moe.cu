@@ -366,7 +366,10 @@ Status moe_experts_validate(const MoeExpertsParams& a) {
       ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(outputs[o2].ptr, outputs[o2].bytes, outputs[o2].name, outputs[o].ptr,
                                                       outputs[o].bytes, outputs[o].name));
   }
-  return {};
+  // The streams' shared-memory plan depends on the device: checked here so that a pipeline's
+  // validation (set_batch) reports it before any stage runs.
+  StreamPlan plan;
+  return plan_streams(a, plan);
 }
 
 Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {

@@ -303,6 +303,12 @@ TEST(MoeValidation, ExpertsRejectBadInput) {
   check([](auto& p) { p.h = nullptr; }, StatusCode::kNullPointer);
   check([](auto& p) { p.slot_ids = reinterpret_cast<const int*>(std::uintptr_t(9) << 40 | 2); }, StatusCode::kMisaligned);
   check([](auto& p) { p.slot_ids = reinterpret_cast<const int*>(p.x); }, StatusCode::kOverlap);
+  // A shape within the bounds whose streams do not fit the device's shared memory (H200 facts
+  // without a GPU): rejected by validation, so a pipeline reports it before any stage runs.
+  check([](auto& p) {
+    p.hidden = 65536, p.inter = 2048;
+    p.workspace_bytes = ops::moe_experts_workspace_bytes(64, 256, 1, 8, 65536, 2048);
+  }, StatusCode::kUnsupported);
 }
 
 // Valid arguments pass the host-only validators (no device needed); the launchers then fail only on
