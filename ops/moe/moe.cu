@@ -69,11 +69,10 @@ __global__ void __launch_bounds__(kBlockThreads, moe::kStreamBlocksPerSm)
   moe::gate_up_stream(p, shape, smem);
 }
 
+// Waits for the gate/up kernel inside the body, after its weight copies are issued.
 __global__ void __launch_bounds__(kBlockThreads, moe::kStreamBlocksPerSm)
     moe_down_kernel(const __grid_constant__ ExpertsTileParams p, const moe::StreamShape shape) {
   extern __shared__ __align__(128) char smem[];
-  device::wait_for_upstream();
-  device::allow_downstream();
   moe::down_stream(p, shape, smem);
 }
 
@@ -405,6 +404,7 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   p.tokens_per_pass = plan.tokens;
   p.num_passes = reinterpret_cast<int*>(ws + layout.num_passes);
   p.passes = reinterpret_cast<int4*>(ws + layout.passes);
+  p.pass_capacity = moe::max_passes(a.max_batch, a.num_experts, a.num_shared, a.top_k, 1);
   p.entry_token = reinterpret_cast<int*>(ws + layout.entry_token);
   p.entry_weight = reinterpret_cast<float*>(ws + layout.entry_weight);
   p.token_entries = reinterpret_cast<int*>(ws + layout.token_entries);

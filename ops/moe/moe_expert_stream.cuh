@@ -106,7 +106,10 @@ struct ExpertStream {
   const char* act_src;
   int items;
 
-  // Fills the item table (after the PDL wait: it reads the work list) and starts the ring.
+  // Fills the item table from the work list and starts the weight ring: weights depend only on
+  // the items. The work list comes from the prepare kernel, so the down kernel may run this before
+  // its PDL wait (prepare finished before the gate/up kernel passed its wait and let the down kernel
+  // start); it is read through L2 (ld.cg). start_activations() follows the wait.
   __device__ ExpertStream(const ExpertsTileParams& p, const StreamShape& sh, char* smem, int row_groups)
       : shape(sh), s(smem, sh) {
     if (NMAT == 2) {
@@ -121,23 +124,32 @@ struct ExpertStream {
       for (int i = 0; i < kActBuffers; ++i) gemv::stream::barrier_init(&s.act_full[i], 1);
       gemv::stream::fence_barrier_init();
     }
-    const int total = *p.num_passes * row_groups;
-    items = total > int(blockIdx.x) ? (total - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x) : 0;
-    for (int k = threadIdx.x; k < items; k += kBlockThreads) {
+    // The pass count and the passes this block may get load together (one round trip); entries
+    // past the count are stale and dropped.
+    const int total = __ldcg(p.num_passes) * row_groups;
+    for (int k = threadIdx.x; k < shape.max_items; k += kBlockThreads) {
       const int item = int(blockIdx.x) + k * int(gridDim.x);
-      const int4 pass = p.passes[item / row_groups];
-      s.items[k] = make_int4(pass.x, pass.y, pass.z, item % row_groups);
-      if (shape.gather)
-        for (int t = 0; t < pass.z; ++t) s.tokens[k * shape.tokens + t] = p.entry_token[pass.y + t];
+      const int4 pass = item / row_groups < p.pass_capacity ? __ldcg(p.passes + item / row_groups) : int4{};
+      if (item < total) s.items[k] = make_int4(pass.x, pass.y, pass.z, item % row_groups);
     }
-    __syncthreads();
-    // The first activations are issued before any weights, so they do not queue behind them (an
-    // SM's bulk copies complete in about the order issued; on the H200 this did not move the first
-    // item, which waits on its weights as much).
-    if (threadIdx.x / 32 == 0)
-      for (int k = 0; k < kActBuffers; ++k) issue_activations(k);
+    items = total > int(blockIdx.x) ? (total - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x) : 0;
     __syncthreads();
     for (int j = 0; j < shape.stages; ++j) issue_stage(j);
+  }
+
+  // The entries' tokens (gate/up: all items' in one parallel round trip) and the first items'
+  // activations. Reads what the previous kernel wrote: after the PDL wait.
+  __device__ void start_activations(const ExpertsTileParams& p) const {
+    if (shape.gather) {
+      for (int i = threadIdx.x; i < items * shape.tokens; i += kBlockThreads) {
+        const int4 item = s.items[i / shape.tokens];
+        const int t = i % shape.tokens;
+        if (t < item.z) s.tokens[i] = p.entry_token[item.y + t];
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x / 32 == 0)
+      for (int k = 0; k < kActBuffers; ++k) issue_activations(k);
   }
 
   // Warp-wide: bulk copies of the calling warp's units of global stage j (item j / stages_per_item)
@@ -239,6 +251,7 @@ struct ExpertStream {
 // one row, so silu(g)*u is one shuffle away.
 __device__ inline void gate_up_stream(const ExpertsTileParams& p, const StreamShape& shape, char* smem) {
   const ExpertStream<2> stream(p, shape, smem, gate_up_row_groups(p.inter));
+  stream.start_activations(p);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, unit = warp * 8 + lane / 4;
   std::uint32_t stage = 0;
   for (int k = 0; k < stream.items; ++k) {
@@ -265,8 +278,12 @@ __device__ inline void gate_up_stream(const ExpertsTileParams& p, const StreamSh
 
 // ---- down + combine -----------------------------------------------------------------------------
 
+// The caller has not waited for the gate/up kernel: the weights start streaming first.
 __device__ inline void down_stream(const ExpertsTileParams& p, const StreamShape& shape, char* smem) {
   const ExpertStream<1> stream(p, shape, smem, down_row_chunks(p.hidden));
+  device::wait_for_upstream();  // act_mid comes from the gate/up kernel
+  device::allow_downstream();
+  stream.start_activations(p);
   const int lane = threadIdx.x % 32, unit = threadIdx.x / 4;
   std::uint32_t stage = 0;
   for (int k = 0; k < stream.items; ++k) {

@@ -50,7 +50,8 @@ struct ExpertsTileParams {
   int* error_flag;               // optional
   // Work list, activations and partial outputs (workspace).
   int* num_passes;               // [1]
-  int4* passes;                  // [max_passes] {expert, first entry, entries, 0}, ascending expert
+  int4* passes;                  // [pass_capacity] {expert, first entry, entries, 0}, ascending expert
+  int pass_capacity;
   int* entry_token;              // [max_entries]
   float* entry_weight;           // [max_entries]
   int* token_entries;            // [max_batch][k+S]: a token's entries in ascending expert id, -1 after the last
@@ -104,16 +105,17 @@ __device__ inline void build_work_list(const ExpertsTileParams& p, char* smem) {
   const int experts = p.num_experts + p.num_shared;
   const int per_token = p.top_k + p.num_shared;
   const int slots = p.batch * p.top_k;
-  if (threadIdx.x == 0) s.real_tokens = 0ull;
+  // Token t (< 64 <= the block's threads) is thread t's: its pad check loads with the ids.
+  static_assert(ops::kMaxMoeBatch <= 64 && ops::kMaxMoeBatch <= kBlockThreads);
+  const bool real_token = int(threadIdx.x) < p.batch && !pad_row(p, threadIdx.x);
   for (int t = threadIdx.x; t < p.batch; t += kBlockThreads) s.token_valid[t] = 0;
   for (int i = threadIdx.x; i < slots; i += kBlockThreads) {
     const int id = p.ids[i];
     s.ids[i] = id >= 0 && id < p.num_experts ? id : -1;
   }
   for (int c = threadIdx.x; c < down_row_chunks(p.hidden); c += kBlockThreads) p.chunk_done[c] = 0;
-  __syncthreads();
-  for (int t = threadIdx.x; t < p.batch; t += kBlockThreads)
-    if (!pad_row(p, t)) atomicOr(&s.real_tokens, 1ull << t);
+  const unsigned real_bits = __ballot_sync(0xFFFFFFFFu, real_token);
+  if (threadIdx.x % 32 == 0 && threadIdx.x < 64) reinterpret_cast<unsigned*>(&s.real_tokens)[threadIdx.x / 32] = real_bits;
   __syncthreads();
   const unsigned long long real_tokens = s.real_tokens;
   for (int e = threadIdx.x; e < experts; e += kBlockThreads) s.token_mask[e] = e >= p.num_experts ? real_tokens : 0ull;

@@ -156,7 +156,34 @@ __device__ void router_topk_warp(const RouterTopkParams& p, int token, float* ch
   const int lane = threadIdx.x % 32;
   const int E = c.num_experts;
   const std::int64_t slot0 = std::int64_t(token) * c.top_k;
-  if (is_pad_row(p.slot_ids, token)) {  // no routing, no work downstream
+  bool present[P];
+#pragma unroll
+  for (int i = 0; i < P; ++i) present[i] = lane * P + i < E;
+  // The slot id, the bias and the slices' partials are loaded together (one round trip at the
+  // common slice counts, not one per slice); the partials are then added in slice order.
+  const bool pad = is_pad_row(p.slot_ids, token);
+  float bias[P];
+#pragma unroll
+  for (int i = 0; i < P; ++i) bias[i] = p.bias && present[i] ? __ldg(p.bias + lane * P + i) : 0.f;
+  float score[P];
+#pragma unroll
+  for (int i = 0; i < P; ++i) score[i] = 0.f;
+  constexpr int kSlicesInFlight = P <= 4 ? 4 : P <= 8 ? 3 : 2;
+  for (int s0 = 0; s0 < p.slices; s0 += kSlicesInFlight) {
+    float part[kSlicesInFlight][P];
+#pragma unroll
+    for (int j = 0; j < kSlicesInFlight; ++j) {
+      const float* row = p.logits + (std::int64_t(s0 + j) * p.batch + token) * E + lane * P;
+#pragma unroll
+      for (int i = 0; i < P; ++i) part[j][i] = s0 + j < p.slices && present[i] ? __ldg(row + i) : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < kSlicesInFlight; ++j)
+#pragma unroll
+      for (int i = 0; i < P; ++i)
+        if (s0 + j < p.slices && present[i]) score[i] += part[j][i];
+  }
+  if (pad) {  // no routing, no work downstream
     if (lane < c.top_k) {
       p.ids[slot0 + lane] = -1;
       p.weights[slot0 + lane] = 0.f;
@@ -164,23 +191,6 @@ __device__ void router_topk_warp(const RouterTopkParams& p, int token, float* ch
     return;
   }
   const bool sigmoid = c.score == ops::MoeScoreFunc::kSigmoid;
-  float score[P];
-  bool present[P];
-#pragma unroll
-  for (int i = 0; i < P; ++i) {
-    present[i] = lane * P + i < E;
-    score[i] = 0.f;
-  }
-  // Logits = sum of the slices' partials in slice order.
-  for (int s = 0; s < p.slices; ++s) {
-    const float* row = p.logits + (std::int64_t(s) * p.batch + token) * E + lane * P;
-#pragma unroll
-    for (int i = 0; i < P; ++i)
-      if (present[i]) score[i] += __ldg(row + i);
-  }
-  float bias[P];
-#pragma unroll
-  for (int i = 0; i < P; ++i) bias[i] = p.bias && present[i] ? __ldg(p.bias + lane * P + i) : 0.f;
   float local_max = -INFINITY;
 #pragma unroll
   for (int i = 0; i < P; ++i)
