@@ -1,5 +1,6 @@
 // MoE benchmarks: the Kimi-Linear MoE layer (hidden 2304, 256 experts + 1 shared, top-8, width
-// 1024) at B = 1, 8, 32, 64: router alone, experts alone, router + experts; the naive chain (one
+// 1024) at B = 1, 8, 32, 64: router alone, experts alone, router + experts (from a normalised h, and
+// from the raw residual stream with the layer's RMSNorm fused into both ops); the naive chain (one
 // gate/up and one down GEMV launch per used expert, ops::gate_up_q4k_gemv / ops::q4k_gemv); and
 // the GGML MUL_MAT_ID reference shape (128 experts, top-8, 768 x 2048, no shared expert).
 // Bytes = router weights (where timed) + the Q4_K bytes of the experts actually used, averaged
@@ -53,13 +54,14 @@ struct Model {
   q4k::Block* down[kWeightCopies];
   __nv_bfloat16* router;
   float* bias;
+  float* norm;  // the layer's RMSNorm weight (fused-norm variant)
 };
 
 Model& model(const Shape& s) {
   static std::vector<std::pair<const Shape*, Model*>> cache;
   for (auto& [shape, m] : cache)
     if (shape->num_experts == s.num_experts && shape->hidden == s.hidden) return *m;
-  Model* m = new Model{s, {}, {}, {}, nullptr, nullptr};
+  Model* m = new Model{s, {}, {}, {}, nullptr, nullptr, nullptr};
   const std::size_t stack = (s.num_experts + s.num_shared) * s.matrix_bytes();
   for (int c = 0; c < kWeightCopies; ++c) {
     q4k::Block** mats[3] = {&m->gate[c], &m->up[c], &m->down[c]};
@@ -76,6 +78,8 @@ Model& model(const Shape& s) {
   to_bf16_kernel<<<1024, 256>>>(tmp, m->router, rn);
   m->bias = static_cast<float*>(device_alloc(s.num_experts * 4));
   fill_random_floats(m->bias, s.num_experts, 8, -0.05f, 0.05f);
+  m->norm = static_cast<float*>(device_alloc(std::size_t(s.hidden) * 4));
+  fill_random_floats(m->norm, s.hidden, 9, 0.5f, 1.5f);
   BENCH_CUDA(cudaDeviceSynchronize());
   cache.push_back({&s, m});
   return *m;
@@ -169,7 +173,11 @@ std::vector<Step>& steps(const Model& m, int batch, double& expert_bytes) {
 
 double router_bytes(const Shape& s) { return double(s.num_experts) * s.hidden * 2; }
 
-enum class Part { kRouter, kExperts, kLayer };
+// kLayerNorm: the layer as the decode pipeline runs it, the RMSNorm fused into the router and the
+// experts, which read a raw h (the pipeline passes h = x; here h stays apart from x, or the replays'
+// in-place adds would drift every token towards the same routing). Its expert bytes are those of
+// the plain routing of h (the same distribution of experts used).
+enum class Part { kRouter, kExperts, kLayer, kLayerNorm };
 
 void run_moe(benchmark::State& state, const Shape& shape, Part part) {
   const int batch = int(state.range(0));
@@ -180,8 +188,14 @@ void run_moe(benchmark::State& state, const Shape& shape, Part part) {
   time_graph(
       state,
       [&](int i, cudaStream_t stream) {
-        if (part != Part::kExperts) throw_if_error(ops::moe_router(router_params(m, st[i], batch), stream));
-        if (part != Part::kRouter) throw_if_error(ops::moe_experts(experts_params(m, st[i], batch, i % kWeightCopies), stream));
+        ops::MoeRouterParams r = router_params(m, st[i], batch);
+        ops::MoeExpertsParams e = experts_params(m, st[i], batch, i % kWeightCopies);
+        if (part == Part::kLayerNorm) {
+          r.norm_weight = e.norm_weight = m.norm;
+          r.norm_eps = e.norm_eps = 1e-5f;
+        }
+        if (part != Part::kExperts) throw_if_error(ops::moe_router(r, stream));
+        if (part != Part::kRouter) throw_if_error(ops::moe_experts(e, stream));
       },
       kCalls, bytes);
   state.counters["experts_used"] = expert_bytes / shape.expert_bytes();
@@ -274,6 +288,7 @@ void BM_moe_kimi_topk(benchmark::State& state) {
 }
 
 void BM_moe_kimi_layer(benchmark::State& s) { run_moe(s, kKimi, Part::kLayer); }
+void BM_moe_kimi_layer_fused_norm(benchmark::State& s) { run_moe(s, kKimi, Part::kLayerNorm); }
 void BM_moe_kimi_router(benchmark::State& s) { run_moe(s, kKimi, Part::kRouter); }
 void BM_moe_kimi_experts(benchmark::State& s) { run_moe(s, kKimi, Part::kExperts); }
 void BM_moe_kimi_naive_chain(benchmark::State& s) { run_naive(s, kKimi); }
@@ -281,6 +296,7 @@ void BM_moe_ggml_shape_experts(benchmark::State& s) { run_moe(s, kGgml, Part::kE
 void BM_moe_ggml_shape_naive_chain(benchmark::State& s) { run_naive(s, kGgml); }
 
 BENCHMARK(BM_moe_kimi_layer)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
+BENCHMARK(BM_moe_kimi_layer_fused_norm)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
 BENCHMARK(BM_moe_kimi_router)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
 BENCHMARK(BM_moe_kimi_topk)->Arg(1)->Arg(64)->UseManualTime();
 BENCHMARK(BM_moe_kimi_experts)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();

@@ -132,7 +132,6 @@ const char* role_name(pipeline::StageRole r) {
     case R::kMlaOutProj: return "mla.o_proj";
     case R::kDenseGateUp: return "dense.gate_up";
     case R::kDenseDown: return "dense.down";
-    case R::kMoeNorm: return "moe.norm";
     case R::kMoeRouter: return "moe.router";
     case R::kMoeExperts: return "moe.experts";
     case R::kLmHead: return "lm_head";

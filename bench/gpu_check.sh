@@ -27,7 +27,7 @@ declare -A small=(
   [q4k]='Q4kDequantizeGpu.*'
   [kda]='KdaGpu.OneStep*:KdaGpu.SlotIsolationAndPadding:KdaGpu.BadSlotIdsLeaveStatesUntouched'
   [mla]='MlaGpu.MixedBatchAllHeadCounts:MlaGpu.AppendRopePositionsAndNopeCopy:MlaGpu.BadDeviceInputLeavesCacheUntouched'
-  [moe]='MoeTopkGpu.*:MoeExpertsGpu.Small*'
+  [moe]='MoeTopkGpu.*:MoeRouterGpu.*:MoeExpertsGpu.Small*'
 )
 for area in gemv q4k kda mla moe; do
   for tool in memcheck racecheck synccheck; do

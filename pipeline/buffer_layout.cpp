@@ -34,7 +34,6 @@ Status add_moe_buffers(const ModelConfig& c, const BufferOptions& o, TensorArena
       ops::moe_experts_workspace_bytes(o.max_batch, e.experts, e.shared_experts, e.top_k, c.hidden, e.expert_width));
   ENCORE_REQUIRE(router_ws > 0 && experts_ws > 0, StatusCode::kInvalidArgument,
                  "buffers: the MoE op reports no workspace for this config");
-  ENCORE_RETURN_IF_ERROR(b.add("h", DType::kF32, {o.max_batch, c.hidden}));
   ENCORE_RETURN_IF_ERROR(b.add("moe.router_ws", DType::kU8, {router_ws}));
   ENCORE_RETURN_IF_ERROR(b.add("moe.topk_ids", DType::kI32, {o.max_batch, e.top_k}));
   ENCORE_RETURN_IF_ERROR(b.add("moe.topk_weights", DType::kF32, {o.max_batch, e.top_k}));

@@ -180,11 +180,7 @@ class Step {
   void moe(int l, const RoutingHook& hook) {
     const MoeConfig& e = c_.moe;
     std::vector<float> h(x.size());
-    std::vector<double> row(c_.hidden);
-    for (int b = 0; b < B_; ++b) {
-      ref::rmsnorm(&x[std::size_t(b) * c_.hidden], w_.f32(l, "ffn_norm.weight"), c_.hidden, eps_, row.data());
-      for (int i = 0; i < c_.hidden; ++i) h[std::size_t(b) * c_.hidden + i] = float(row[i]);
-    }
+    ref::moe_input_norm(x.data(), w_.f32(l, "ffn_norm.weight"), B_, c_.hidden, eps_, h.data());
     std::vector<double> logits(std::size_t(B_) * e.experts), weights_d(std::size_t(B_) * e.top_k);
     ref::moe_router_logits(w_.at<std::uint16_t>(layer_tensor(l, "ffn_gate_inp.weight")), ops::MoeRouterDtype::kBf16, h.data(), B_,
                            e.experts, c_.hidden, logits.data());

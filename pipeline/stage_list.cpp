@@ -169,17 +169,15 @@ class Builder {
   void moe(int l) {
     const MoeConfig& e = c_.moe;
     float* x = buffer<float>("x");
-    float* h = buffer<float>("h");
+    const float* norm = weight<float>(l, "ffn_norm.weight");
     int* ids = buffer<int>("moe.topk_ids");
     float* weights = buffer<float>("moe.topk_weights");
     const int* slot_ids = buffer<int>("step.slot_ids");
-    RmsNormParams& n = push(StageKind::kRmsNorm, StageRole::kMoeNorm, l, &StageParams::rmsnorm);
-    n.x = x, n.gamma = weight<float>(l, "ffn_norm.weight"), n.eps = c_.rms_eps, n.out = h, n.k = c_.hidden, n.batch = B_;
-
+    // The layer's RMSNorm is fused into both ops: they read the residual stream x itself.
     ops::MoeRouterParams& r = push(StageKind::kMoeRouter, StageRole::kMoeRouter, l, &StageParams::moe_router);
     r.config = routing(), r.weight = weight<__nv_bfloat16>(l, "ffn_gate_inp.weight"), r.weight_dtype = ops::MoeRouterDtype::kBf16;
     r.bias = e.selection_bias ? weight<float>(l, "exp_probs_b.bias") : nullptr;
-    r.h = h, r.hidden = c_.hidden, r.batch = B_, r.topk_ids = ids, r.topk_weights = weights, r.slot_ids = slot_ids;
+    r.h = x, r.norm_weight = norm, r.norm_eps = c_.rms_eps, r.hidden = c_.hidden, r.batch = B_, r.topk_ids = ids, r.topk_weights = weights, r.slot_ids = slot_ids;
     r.workspace = buffer<void>("moe.router_ws"), r.workspace_bytes = buffer_bytes("moe.router_ws");
 
     ops::MoeExpertsParams& m = push(StageKind::kMoeExperts, StageRole::kMoeExperts, l, &StageParams::moe_experts);
@@ -187,7 +185,7 @@ class Builder {
     m.down = weight<q4k::Block>(l, "ffn_down_exps.weight");
     m.num_experts = e.experts, m.num_shared = e.shared_experts, m.top_k = e.top_k;
     m.hidden = c_.hidden, m.inter = e.expert_width, m.batch = B_, m.max_batch = o_.max_batch;
-    m.h = h, m.x = x, m.topk_ids = ids, m.topk_weights = weights, m.slot_ids = slot_ids;
+    m.h = x, m.norm_weight = norm, m.norm_eps = c_.rms_eps, m.x = x, m.topk_ids = ids, m.topk_weights = weights, m.slot_ids = slot_ids;
     m.workspace = buffer<void>("moe.experts_ws"), m.workspace_bytes = buffer_bytes("moe.experts_ws");
     m.error_flag = buffer<int>("flags.moe");
   }
@@ -233,7 +231,6 @@ Status validate_stage(const Stage& s) {
   const StageParams& p = s.params;
   switch (s.kind) {
     case StageKind::kEmbed: return validate(p.embed);
-    case StageKind::kRmsNorm: return validate(p.rmsnorm);
     case StageKind::kKda: return ops::kda_validate(p.kda);
     case StageKind::kMlaSched: return ops::mla_validate(p.mla_sched);
     case StageKind::kMlaQAbsorb: return ops::mla_validate(p.mla_q_absorb);

@@ -16,16 +16,4 @@ Status validate(const EmbedParams& p) {
   return detail::check_no_overlap(p.token_ids, std::size_t(p.batch) * 4, "token_ids", p.x, x_bytes, "x");
 }
 
-Status validate(const RmsNormParams& p) {
-  ENCORE_REQUIRE(p.batch >= 1 && p.k >= 4 && p.k % 4 == 0, StatusCode::kInvalidArgument,
-                 "rmsnorm: batch must be >= 1 and k a positive multiple of 4 (got ", p.batch, ", ", p.k, ")");
-  ENCORE_REQUIRE(p.eps > 0.f, StatusCode::kInvalidArgument, "rmsnorm: eps must be positive");
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.x, 16, "rmsnorm: x"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.gamma, 16, "rmsnorm: gamma"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.out, 16, "rmsnorm: out"));
-  const std::size_t rows = std::size_t(p.batch) * p.k * 4;
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.x, rows, "x", p.out, rows, "out"));
-  return detail::check_no_overlap(p.gamma, std::size_t(p.k) * 4, "gamma", p.out, rows, "out");
-}
-
 }  // namespace encore::pipeline

@@ -11,7 +11,6 @@ Status run_stage(const Stage& s, cudaStream_t stream) {
   const StageParams& p = s.params;
   switch (s.kind) {
     case StageKind::kEmbed: return embed(p.embed, stream);
-    case StageKind::kRmsNorm: return rmsnorm(p.rmsnorm, stream);
     case StageKind::kRmsNormGemv: return ops::rmsnorm_q4k_gemv(p.rms_gemv, stream);
     case StageKind::kGemv: return ops::q4k_gemv(p.gemv, stream);
     case StageKind::kGateUpGemv: return ops::gate_up_q4k_gemv(p.gate_up, stream);

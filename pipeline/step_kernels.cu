@@ -1,4 +1,4 @@
-// Standalone kernels and launchers of the embedding gather and the RMSNorm stage.
+// Standalone kernel and launcher of the embedding gather.
 #include <algorithm>
 
 #include <encore/pipeline/stage_params.h>
@@ -16,24 +16,12 @@ __global__ void __launch_bounds__(kBlockThreads) embed_kernel(const __grid_const
   encore::device::allow_downstream();
 }
 
-__global__ void __launch_bounds__(kBlockThreads) rmsnorm_kernel(const __grid_constant__ RmsNormParams p) {
-  encore::device::wait_for_upstream();
-  for (int row = blockIdx.x; row < p.batch; row += gridDim.x) device::rmsnorm_tile(p, row);
-  encore::device::allow_downstream();
-}
-
 }  // namespace
 
 Status embed(const EmbedParams& p, cudaStream_t stream) {
   ENCORE_RETURN_IF_ERROR(validate(p));
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   return detail::launch(embed_kernel, p.batch, 0, stream, true, "embed_kernel", p);
-}
-
-Status rmsnorm(const RmsNormParams& p, cudaStream_t stream) {
-  ENCORE_RETURN_IF_ERROR(validate(p));
-  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
-  return detail::launch(rmsnorm_kernel, p.batch, 0, stream, true, "rmsnorm_kernel", p);
 }
 
 }  // namespace encore::pipeline

@@ -163,6 +163,13 @@ Status validate_batch(const char* op, int batch, int max_batch) {
   return {};
 }
 
+Status validate_norm(const char* op, const float* norm_weight, float eps) {
+  if (!norm_weight) return {};
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(norm_weight, 16, "norm_weight"));
+  ENCORE_REQUIRE(std::isfinite(eps) && eps >= 0.f, StatusCode::kInvalidArgument, op, ": norm_eps must be finite and >= 0 (got ", eps, ")");
+  return {};
+}
+
 Status validate_outputs(const char* op, const MoeRoutingConfig& c, int batch, const int* ids, const float* weights) {
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(ids, 4, "topk_ids"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(weights, 4, "topk_weights"));
@@ -174,7 +181,10 @@ Status validate_outputs(const char* op, const MoeRoutingConfig& c, int batch, co
 
 RouterTopkParams topk_params(const MoeRoutingConfig& c, const float* logits, int slices, const float* bias, int batch,
                              int* ids, float* weights, float* logits_out, const int* slot_ids) {
-  return {c, logits, slices, bias, batch, ids, weights, logits_out, slot_ids};
+  RouterTopkParams t{};
+  t.config = c, t.logits = logits, t.slices = slices, t.bias = bias, t.batch = batch;
+  t.ids = ids, t.weights = weights, t.logits_out = logits_out, t.slot_ids = slot_ids;
+  return t;
 }
 
 // One instantiation per experts-per-lane width (validate_routing_config bounds E by 512 = 32 x 16).
@@ -219,8 +229,9 @@ Status validate_routing_config(const MoeRoutingConfig& c) {
   return {};
 }
 
+// [slices][batch][E] partial logits, then [slices][batch] partial sums of h^2 (fused RMSNorm).
 std::size_t moe_router_workspace_bytes(int batch, int num_experts, int hidden) {
-  return std::size_t(router_slices(hidden)) * std::max(batch, 0) * std::max(num_experts, 0) * sizeof(float);
+  return std::size_t(router_slices(hidden)) * std::max(batch, 0) * (std::max(num_experts, 0) + 1) * sizeof(float);
 }
 
 Status moe_router_validate(const MoeRouterParams& a) {
@@ -234,6 +245,7 @@ Status moe_router_validate(const MoeRouterParams& a) {
   const int E = a.config.num_experts;
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.weight, 16, "router weight"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.h, 16, "h"));
+  ENCORE_RETURN_IF_ERROR(validate_norm(op, a.norm_weight, a.norm_eps));
   if (a.bias) ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.bias, 4, "bias"));
   ENCORE_RETURN_IF_ERROR(validate_outputs(op, a.config, a.batch, a.topk_ids, a.topk_weights));
   if (a.logits) ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.logits, 4, "logits"));
@@ -252,7 +264,8 @@ Status moe_router_validate(const MoeRouterParams& a) {
     const char* name;
   };
   const Range inputs[] = {{a.weight, w_bytes, "router weight"}, {a.h, h_bytes, "h"}, {a.bias, std::size_t(E) * 4, "bias"},
-                          {a.slot_ids, std::size_t(a.batch) * 4, "slot_ids"}};
+                          {a.slot_ids, std::size_t(a.batch) * 4, "slot_ids"},
+                          {a.norm_weight, std::size_t(a.hidden) * 4, "norm_weight"}};
   const Range outputs[] = {{a.topk_ids, slot_bytes, "topk_ids"}, {a.topk_weights, slot_bytes, "topk_weights"},
                            {a.logits, logit_bytes, "logits"}, {a.workspace, need, "workspace"}};
   for (int o = 0; o < 4; ++o) {
@@ -275,14 +288,17 @@ Status moe_router(const MoeRouterParams& a, cudaStream_t stream) {
   g.weight = a.weight;
   g.weight_bf16 = a.weight_dtype == MoeRouterDtype::kBf16;
   g.h = a.h;
+  g.gamma = a.norm_weight;
   g.hidden_blocks = a.hidden / 256;
   g.slices = router_slices(a.hidden);
   g.batch = a.batch;
   g.num_experts = a.config.num_experts;
   g.partial = static_cast<float*>(a.workspace);
+  g.sum_squares = g.partial + std::size_t(g.slices) * a.batch * g.num_experts;
   ENCORE_RETURN_IF_ERROR(detail::launch(router_gemv_kernel, moe::router_gemv_tiles(g), 0, stream, true, "moe router gemv kernel", g));
-  return launch_topk(topk_params(a.config, g.partial, g.slices, a.bias, a.batch, a.topk_ids, a.topk_weights, a.logits, a.slot_ids),
-                     stream);
+  RouterTopkParams t = topk_params(a.config, g.partial, g.slices, a.bias, a.batch, a.topk_ids, a.topk_weights, a.logits, a.slot_ids);
+  if (a.norm_weight) t.sum_squares = g.sum_squares, t.hidden = a.hidden, t.eps = a.norm_eps;
+  return launch_topk(t, stream);
 }
 
 Status moe_topk_validate(const MoeTopkParams& a) {
@@ -335,6 +351,7 @@ Status moe_experts_validate(const MoeExpertsParams& a) {
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.up, 16, "up"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.down, 16, "down"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.h, 16, "h"));
+  ENCORE_RETURN_IF_ERROR(validate_norm(op, a.norm_weight, a.norm_eps));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.x, 4, "x"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.topk_ids, 4, "topk_ids"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.topk_weights, 4, "topk_weights"));
@@ -355,12 +372,13 @@ Status moe_experts_validate(const MoeExpertsParams& a) {
   };
   const Range inputs[] = {{a.gate, stack_bytes, "gate"}, {a.up, stack_bytes, "up"}, {a.down, stack_bytes, "down"},
                           {a.h, x_bytes, "h"}, {a.topk_ids, slot_bytes, "topk_ids"}, {a.topk_weights, slot_bytes, "topk_weights"},
-                          {a.slot_ids, std::size_t(a.batch) * 4, "slot_ids"}};
+                          {a.slot_ids, std::size_t(a.batch) * 4, "slot_ids"}, {a.norm_weight, std::size_t(a.hidden) * 4, "norm_weight"}};
   const Range outputs[] = {{a.x, x_bytes, "x"}, {a.workspace, layout.total, "workspace"}, {a.error_flag, 4, "error_flag"}};
   for (int o = 0; o < 3; ++o) {
     if (!outputs[o].ptr) continue;
     for (const Range& in : inputs)
-      if (in.ptr) ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(in.ptr, in.bytes, in.name, outputs[o].ptr, outputs[o].bytes, outputs[o].name));
+      if (in.ptr && !(in.ptr == a.h && outputs[o].ptr == a.x && a.h == a.x))  // h may be x itself (read before x is updated)
+        ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(in.ptr, in.bytes, in.name, outputs[o].ptr, outputs[o].bytes, outputs[o].name));
     for (int o2 = 0; o2 < o; ++o2)
       ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(outputs[o2].ptr, outputs[o2].bytes, outputs[o2].name, outputs[o].ptr,
                                                       outputs[o].bytes, outputs[o].name));
@@ -396,6 +414,8 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   p.inter_blocks = a.inter / 256;
   p.batch = a.batch;
   p.h = a.h;
+  p.gamma = a.norm_weight;
+  p.eps = a.norm_eps;
   p.x = a.x;
   p.ids = a.topk_ids;
   p.weights = a.topk_weights;

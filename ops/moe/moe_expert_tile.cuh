@@ -5,8 +5,8 @@
 //                  ascending id, tokens ascending inside an expert, shared experts appended as
 //                  always-on pseudo-experts of weight 1, pad rows left out; each expert's entries
 //                  cut into passes of tokens_per_pass; per token, its entries in ascending expert
-//                  id. Tiles 1.. quantise h to the int8 activation format of the Q4_K GEMVs
-//                  (gemv/activation_q8.cuh).
+//                  id. Tiles 1.. quantise h (or rmsnorm(h) * gamma) to the int8 activation
+//                  format of the Q4_K GEMVs (gemv/activation_q8.cuh).
 //   combine_chunk: x[t][row] += sum_j w_j * y[entry_j][row] over a token's entries in ascending
 //                  expert id (shared last), run by the last down item of a row chunk to finish.
 //                  One owner per output element, no float atomics.
@@ -43,6 +43,8 @@ struct ExpertsTileParams {
   int batch;
   int tokens_per_pass;           // <= kTokensPerPass, chosen by the host so the streams fit in shared memory
   const float* h;                // [batch][hidden]
+  const float* gamma;            // optional [hidden]: quantise rmsnorm(h) * gamma
+  float eps;
   float* x;                      // [batch][hidden], in place
   const int* ids;                // [batch][k]
   const float* weights;          // [batch][k]
@@ -187,10 +189,28 @@ __device__ inline void prepare_tile(const ExpertsTileParams& p, int tile, char* 
   }
   const int unit = (tile - 1) * kWarpsPerBlock + threadIdx.x / 32;  // (token, 256-value block)
   if (unit >= p.batch * p.hidden_blocks) return;
-  const int t = unit / p.hidden_blocks, b = unit % p.hidden_blocks;
-  const float4* src = reinterpret_cast<const float4*>(p.h + std::int64_t(t) * p.hidden + b * 256 + (threadIdx.x % 32) * 8);
+  const int t = unit / p.hidden_blocks, b = unit % p.hidden_blocks, lane = threadIdx.x % 32;
+  const float* row = p.h + std::int64_t(t) * p.hidden;
+  const float4* src = reinterpret_cast<const float4*>(row + b * 256 + lane * 8);
   const float4 a = src[0], c = src[1];
-  const float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+  float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+  if (p.gamma) {  // each of the row's warps sums the whole row in the same order: one 1/rms per token
+    const float4* whole = reinterpret_cast<const float4*>(row);
+    float sum_sq = 0.f;
+#pragma unroll 4
+    for (int i = lane; i < p.hidden / 4; i += 32) {
+      const float4 q = whole[i];
+      sum_sq = fmaf(q.x, q.x, fmaf(q.y, q.y, fmaf(q.z, q.z, fmaf(q.w, q.w, sum_sq))));
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) sum_sq += __shfl_xor_sync(0xFFFFFFFFu, sum_sq, offset);
+    const float inv_rms = rsqrtf(sum_sq / float(p.hidden) + p.eps);
+    const float4* g = reinterpret_cast<const float4*>(p.gamma + b * 256 + lane * 8);
+    const float4 g0 = __ldg(g), g1 = __ldg(g + 1);
+    const float gv[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = v[i] * inv_rms * gv[i];
+  }
   gemv::quantize_act_block(v, p.act_in + std::int64_t(unit) * gemv::kActBlockBytes);
 }
 

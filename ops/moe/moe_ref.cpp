@@ -46,6 +46,14 @@ bool slot_valid(const int* ids, int slot, int num_experts) {
 
 }  // namespace
 
+void moe_input_norm(const float* x, const float* gamma, int batch, int hidden, double eps, float* h) {
+  std::vector<double> row(hidden);
+  for (int t = 0; t < batch; ++t) {
+    rmsnorm(x + std::size_t(t) * hidden, gamma, hidden, eps, row.data());
+    for (int i = 0; i < hidden; ++i) h[std::size_t(t) * hidden + i] = float(row[i]);
+  }
+}
+
 void moe_router_logits(const void* weight, ops::MoeRouterDtype dtype, const float* h, int batch, int num_experts,
                        int hidden, double* logits) {
   for (int t = 0; t < batch; ++t)

@@ -1,6 +1,9 @@
 // Device bodies of MoE routing (specs/moe.md §2):
 //   router_gemv_tile : logits = W_g h for 8 experts (one per warp) over one K slice, all tokens;
 //                      partial sums per slice, added in slice order by the top-k (deterministic).
+//                      With a fused RMSNorm the rows are W_g * gamma and the tiles of experts
+//                      0..7 also leave each slice's sum of h^2; the top-k scales the logits by
+//                      1 / rms (W_g (gamma * h / rms) = (W_g * gamma) h / rms).
 //   router_topk_warp : one warp routes one token: scores, selection bias, group stage, k rounds
 //                      of a 64-bit shuffle maximum on (value desc, index asc) keys, renormalise,
 //                      scale. P = experts per lane is a template parameter, so every per-lane
@@ -25,17 +28,22 @@ struct RouterGemvParams {
   const void* weight;       // [E][hidden] fp32 or bf16
   bool weight_bf16;
   const float* h;           // [batch][hidden]
+  const float* gamma;       // optional [hidden]: fused RMSNorm weight
   int hidden_blocks;        // hidden / 256
   int slices;               // ceil(hidden_blocks / kRouterSliceBlocks)
   int batch;
   int num_experts;
   float* partial;           // [slices][batch][E]
+  float* sum_squares;       // [slices][batch], written when gamma is set
 };
 
 struct RouterTopkParams {
   ops::MoeRoutingConfig config;
   const float* logits;      // [slices][batch][E], summed over slices in order
   int slices;
+  const float* sum_squares; // optional [slices][batch]: logits are scaled by rsqrt(sum / hidden + eps)
+  int hidden;
+  float eps;
   const float* bias;        // optional [E]
   int batch;
   int* ids;                 // [batch][k]
@@ -71,6 +79,22 @@ __device__ __forceinline__ void load_router_weights(const RouterGemvParams& p, s
   }
 }
 
+// Sums v[tt] over the warp; lane tt < min(kTok, left) stores token t0 + tt's sum at out[(t0 + tt) * stride].
+template <int kTok>
+__device__ __forceinline__ void warp_sum_to_lanes(float (&v)[kTok], float* out, int stride, int left, int t0) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+#pragma unroll
+    for (int tt = 0; tt < kTok; ++tt) v[tt] += __shfl_xor_sync(0xFFFFFFFFu, v[tt], offset);
+  if (lane < kTok && lane < left) {
+    float mine = v[0];
+#pragma unroll
+    for (int tt = 1; tt < kTok; ++tt) mine = lane == tt ? v[tt] : mine;
+    out[std::int64_t(t0 + lane) * stride] = mine;
+  }
+}
+
 // No block-level synchronisation: warps of rows beyond E simply return.
 __device__ inline void router_gemv_tile(const RouterGemvParams& p, int tile) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -85,6 +109,18 @@ __device__ inline void router_gemv_tile(const RouterGemvParams& p, int tile) {
 #pragma unroll
   for (int b = 0; b < kRouterSliceBlocks; ++b)
     if (b < nb) load_router_weights(p, expert * hidden + (kb0 + b) * 256 + lane * 8, w[b]);
+  if (p.gamma) {
+#pragma unroll
+    for (int b = 0; b < kRouterSliceBlocks; ++b)
+      if (b < nb) {
+        const float4* g = reinterpret_cast<const float4*>(p.gamma + (kb0 + b) * 256 + lane * 8);
+        const float4 g0 = __ldg(g), g1 = __ldg(g + 1);
+        const float gv[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[b][i] *= gv[i];
+      }
+  }
+  const bool sums = p.gamma && expert == 0;  // one warp per slice leaves the slice's sum of h^2
 
   // kTok tokens per round: all their activation loads are issued before the first FMA (h is
   // read-only here, so the non-coherent path may batch them). A token's sum runs in the same order
@@ -101,10 +137,10 @@ __device__ inline void router_gemv_tile(const RouterGemvParams& p, int tile) {
           x[tt][b][0] = __ldg(src);
           x[tt][b][1] = __ldg(src + 1);
         }
-    float acc[kTok];
+    float acc[kTok], sq[kTok];
 #pragma unroll
     for (int tt = 0; tt < kTok; ++tt) {
-      acc[tt] = 0.f;
+      acc[tt] = 0.f, sq[tt] = 0.f;
 #pragma unroll
       for (int b = 0; b < kRouterSliceBlocks; ++b) {
         if (b >= nb || t0 + tt >= p.batch) break;
@@ -112,18 +148,13 @@ __device__ inline void router_gemv_tile(const RouterGemvParams& p, int tile) {
                             x[tt][b][1].x, x[tt][b][1].y, x[tt][b][1].z, x[tt][b][1].w};
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[tt] = fmaf(w[b][i], v[i], acc[tt]);
+        if (sums)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) sq[tt] = fmaf(v[i], v[i], sq[tt]);
       }
     }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1)
-#pragma unroll
-      for (int tt = 0; tt < kTok; ++tt) acc[tt] += __shfl_xor_sync(0xFFFFFFFFu, acc[tt], offset);
-    if (lane < kTok && t0 + lane < p.batch) {
-      float mine = acc[0];
-#pragma unroll
-      for (int tt = 1; tt < kTok; ++tt) mine = lane == tt ? acc[tt] : mine;
-      p.partial[(std::int64_t(slice) * p.batch + t0 + lane) * p.num_experts + expert] = mine;
-    }
+    warp_sum_to_lanes(acc, p.partial + std::int64_t(slice) * p.batch * p.num_experts + expert, p.num_experts, p.batch - t0, t0);
+    if (sums) warp_sum_to_lanes(sq, p.sum_squares + std::int64_t(slice) * p.batch, 1, p.batch - t0, t0);
   }
 }
 
@@ -168,20 +199,29 @@ __device__ void router_topk_warp(const RouterTopkParams& p, int token, float* ch
   float score[P];
 #pragma unroll
   for (int i = 0; i < P; ++i) score[i] = 0.f;
+  float sum_sq = 0.f;
   constexpr int kSlicesInFlight = P <= 4 ? 4 : P <= 8 ? 3 : 2;
   for (int s0 = 0; s0 < p.slices; s0 += kSlicesInFlight) {
-    float part[kSlicesInFlight][P];
+    float part[kSlicesInFlight][P], sq[kSlicesInFlight];
 #pragma unroll
     for (int j = 0; j < kSlicesInFlight; ++j) {
       const float* row = p.logits + (std::int64_t(s0 + j) * p.batch + token) * E + lane * P;
 #pragma unroll
       for (int i = 0; i < P; ++i) part[j][i] = s0 + j < p.slices && present[i] ? __ldg(row + i) : 0.f;
+      sq[j] = p.sum_squares && s0 + j < p.slices ? __ldg(p.sum_squares + std::int64_t(s0 + j) * p.batch + token) : 0.f;
     }
 #pragma unroll
-    for (int j = 0; j < kSlicesInFlight; ++j)
+    for (int j = 0; j < kSlicesInFlight; ++j) {
+      sum_sq += sq[j];
 #pragma unroll
       for (int i = 0; i < P; ++i)
         if (s0 + j < p.slices && present[i]) score[i] += part[j][i];
+    }
+  }
+  if (p.sum_squares) {
+    const float inv_rms = rsqrtf(sum_sq / float(p.hidden) + p.eps);
+#pragma unroll
+    for (int i = 0; i < P; ++i) score[i] *= inv_rms;
   }
   if (pad) {  // no routing, no work downstream
     if (lane < c.top_k) {

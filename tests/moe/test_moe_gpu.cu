@@ -235,6 +235,54 @@ TEST(MoeRouterGpu, LogitsAndRoutingFromHiddenState) {
   }
 }
 
+// The fused RMSNorm (norm_weight): the same logits and routing as normalising first (the norm in
+// double, rounded to fp32) and routing the normalised rows; raw rows far from unit scale.
+TEST(MoeRouterGpu, FusedNormMatchesNormThenRoute) {
+  ENCORE_REQUIRE_GPU();
+  const auto seed = test::fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  const MoeRoutingConfig c = MoeRoutingConfig::kimi_linear();
+  const int E = c.num_experts, hidden = 2304;
+  const auto wf = test::random_normal(std::size_t(E) * hidden, rng, 0.f, 0.02f);
+  const auto gamma = test::random_uniform(hidden, rng, 0.5f, 1.5f);
+  const auto bias = test::random_uniform(E, rng, -0.1f, 0.1f);
+  for (const int batch : {1, 5, 64}) {
+    SCOPED_TRACE(batch);
+    const auto x = test::random_normal(std::size_t(batch) * hidden, rng, 0.3f, 3.f);
+    DeviceBuffer<float> d_w(wf), d_x(x), d_gamma(gamma), d_bias(bias), logits(std::size_t(batch) * E), weights(std::size_t(batch) * c.top_k);
+    DeviceBuffer<int> ids(std::size_t(batch) * c.top_k);
+    DeviceBuffer<char> ws(ops::moe_router_workspace_bytes(batch, E, hidden));
+    logits.poison(), weights.poison(), ids.poison(), ws.poison();
+    ops::MoeRouterParams p;
+    p.config = c;
+    p.weight = d_w.get();
+    p.weight_dtype = ops::MoeRouterDtype::kFp32;
+    p.bias = d_bias.get();
+    p.h = d_x.get();
+    p.norm_weight = d_gamma.get();
+    p.norm_eps = 1e-6f;
+    p.hidden = hidden;
+    p.batch = batch;
+    p.topk_ids = ids.get();
+    p.topk_weights = weights.get();
+    p.logits = logits.get();
+    p.workspace = ws.get();
+    p.workspace_bytes = ws.bytes();
+    ENCORE_OK(ops::moe_router(p, nullptr));
+    std::vector<float> h(x.size());
+    ref::moe_input_norm(x.data(), gamma.data(), batch, hidden, 1e-6, h.data());
+    std::vector<double> want(std::size_t(batch) * E);
+    ref::moe_router_logits(wf.data(), ops::MoeRouterDtype::kFp32, h.data(), batch, E, hidden, want.data());
+    const auto got_logits = logits.download();
+    EXPECT_LT(test::rel_l2(got_logits, want), 1e-5) << "fused-norm router logits";
+    std::vector<int> ref_ids(ids.size());
+    std::vector<double> ref_w(ids.size());
+    ref::moe_topk(c, got_logits.data(), bias.data(), batch, ref_ids.data(), ref_w.data());
+    expect_routing_matches(c, {ids.download(), weights.download()}, ref_ids, ref_w, batch);
+  }
+}
+
 // ---- experts --------------------------------------------------------------------------------
 
 struct ExpertShape {
@@ -449,6 +497,43 @@ TEST(MoeExpertsGpu, SmallPadRowsProduceNoWork) {
       const auto alone = m.run(1, one_h, one_x, one_id, one_w);
       EXPECT_TRUE(test::bitwise_equal(alone.data(), out.data() + t * 512, 512 * 4)) << "token " << t << " alone vs with pad rows";
     }
+  }
+}
+
+// The fused RMSNorm with h = x (the pipeline's call): x[t] += experts(rmsnorm(x[t]) * gamma),
+// against the int8-activation reference of the normalised rows (the norm in double, rounded to
+// fp32); pad rows stay bitwise untouched.
+TEST(MoeExpertsGpu, SmallFusedNormInPlace) {
+  ENCORE_REQUIRE_GPU();
+  const auto seed = test::fresh_seed();
+  SCOPED_TRACE(seed);
+  ExpertModel m({8, 1, 2, 512, 256}, seed);
+  const auto gamma = test::random_uniform(512, m.rng(), 0.5f, 1.5f);
+  DeviceBuffer<float> d_gamma(gamma);
+  for (const int batch : {1, 6, 64}) {
+    SCOPED_TRACE(batch);
+    std::vector<int> ids, slots(batch);
+    std::vector<float> w;
+    test::random_routing(batch, 8, 2, m.rng(), ids, w);
+    for (int t = 0; t < batch; ++t) {
+      slots[t] = t % 5 == 3 ? -1 : t;
+      if (slots[t] < 0) ids[2 * t] = ids[2 * t + 1] = -1, w[2 * t] = w[2 * t + 1] = 0.f;
+    }
+    const auto x = test::random_normal(std::size_t(batch) * 512, m.rng(), -0.2f, 4.f);
+    DeviceBuffer<float> d_x(x), d_w(w);
+    DeviceBuffer<int> d_ids(ids), d_slots(slots);
+    ops::MoeExpertsParams p = m.params(batch, d_x.get(), d_x.get(), d_ids.get(), d_w.get(), nullptr);
+    p.norm_weight = d_gamma.get();
+    p.norm_eps = 1e-6f;
+    p.slot_ids = d_slots.get();
+    ENCORE_OK(ops::moe_experts(p, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto out = d_x.download();
+    for (int t = 0; t < batch; ++t)
+      if (slots[t] < 0) EXPECT_TRUE(test::bitwise_equal(out.data() + t * 512, x.data() + t * 512, 512 * 4)) << "pad token " << t;
+    std::vector<float> h(x.size());
+    ref::moe_input_norm(x.data(), gamma.data(), batch, 512, 1e-6, h.data());
+    EXPECT_LT(m.mimic_error(delta(out, x), batch, h, ids, w, &slots), 5e-5) << "vs the int8 reference of rmsnorm(x) * gamma";
   }
 }
 

@@ -277,6 +277,19 @@ TEST(MoeValidation, RouterRejectsBadInput) {
   t.config = MoeRoutingConfig::qwen3_moe();
   t.logits = reinterpret_cast<const float*>(reinterpret_cast<std::uintptr_t>(t.logits) + 2);
   EXPECT_EQ(ops::moe_topk(t, nullptr).code(), StatusCode::kMisaligned);
+  // The fused RMSNorm's weight and epsilon.
+  auto normed = [](auto mutate) {
+    auto p = good_router();
+    p.norm_weight = fake<float>(8);
+    mutate(p);
+    return ops::moe_router_validate(p).code();
+  };
+  EXPECT_EQ(normed([](auto&) {}), StatusCode::kOk);
+  EXPECT_EQ(normed([](auto& p) { p.norm_weight = reinterpret_cast<const float*>(reinterpret_cast<std::uintptr_t>(p.norm_weight) + 4); }),
+            StatusCode::kMisaligned);
+  EXPECT_EQ(normed([](auto& p) { p.norm_eps = std::nanf(""); }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(normed([](auto& p) { p.norm_eps = -1e-6f; }), StatusCode::kInvalidArgument);
+  EXPECT_EQ(normed([](auto& p) { p.norm_weight = reinterpret_cast<const float*>(p.topk_weights); }), StatusCode::kOverlap);
 }
 
 TEST(MoeValidation, ExpertsRejectBadInput) {
@@ -303,6 +316,15 @@ TEST(MoeValidation, ExpertsRejectBadInput) {
   check([](auto& p) { p.h = nullptr; }, StatusCode::kNullPointer);
   check([](auto& p) { p.slot_ids = reinterpret_cast<const int*>(std::uintptr_t(9) << 40 | 2); }, StatusCode::kMisaligned);
   check([](auto& p) { p.slot_ids = reinterpret_cast<const int*>(p.x); }, StatusCode::kOverlap);
+  // Fused RMSNorm: h may be x itself, not a shifted view of it; the norm weight is checked.
+  ops::MoeExpertsParams in_place = good_experts();
+  in_place.norm_weight = fake<float>(8), in_place.h = in_place.x;
+  EXPECT_TRUE(ops::moe_experts_validate(in_place).ok()) << ops::moe_experts_validate(in_place).to_string();
+  check([](auto& p) { p.norm_weight = fake<float>(8), p.h = p.x + 64; }, StatusCode::kOverlap);
+  check([](auto& p) { p.norm_weight = reinterpret_cast<const float*>(reinterpret_cast<std::uintptr_t>(fake<float>(8)) + 8); },
+        StatusCode::kMisaligned);
+  check([](auto& p) { p.norm_weight = fake<float>(8), p.norm_eps = INFINITY; }, StatusCode::kInvalidArgument);
+  check([](auto& p) { p.norm_weight = reinterpret_cast<const float*>(p.x); }, StatusCode::kOverlap);
   // A shape within the bounds whose streams do not fit the device's shared memory (H200 facts
   // without a GPU): rejected by validation, so a pipeline reports it before any stage runs.
   check([](auto& p) {

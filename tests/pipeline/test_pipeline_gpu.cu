@@ -20,7 +20,6 @@
 #include <encore/pipeline/pipeline.h>
 #include <encore/pipeline/weight_layout.h>
 #include <encore/ref/pipeline.h>
-#include <encore/ref/q4k_gemv.h>
 
 #include "test_util.h"
 
@@ -30,7 +29,7 @@ namespace {
 using graphs::DecodeGraph;
 using test::DeviceBuffer;
 
-TEST(StepKernelsGpu, EmbedAndRmsNormMatchTheReference) {
+TEST(StepKernelsGpu, EmbedMatchesTheTable) {
   ENCORE_REQUIRE_GPU();
   const std::uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(seed);
@@ -50,17 +49,6 @@ TEST(StepKernelsGpu, EmbedAndRmsNormMatchTheReference) {
     for (int i = 0; i < hidden; ++i)
       ASSERT_EQ(x[std::size_t(b) * hidden + i], __bfloat162float(table[std::size_t(ids[b]) * hidden + i])) << b << " " << i;
 
-  const std::vector<float> src = test::random_normal(std::size_t(batch) * hidden, rng, 0.3f, 2.f);
-  const std::vector<float> gamma = test::random_uniform(hidden, rng, 0.5f, 1.5f);
-  DeviceBuffer<float> d_src(src), d_gamma(gamma), d_out(src.size());
-  RmsNormParams r{d_src.get(), d_gamma.get(), 1e-5f, d_out.get(), hidden, batch};
-  ENCORE_OK(rmsnorm(r, nullptr));
-  std::vector<double> want(src.size());
-  for (int b = 0; b < batch; ++b) ref::rmsnorm(&src[std::size_t(b) * hidden], gamma.data(), hidden, 1e-5, &want[std::size_t(b) * hidden]);
-  EXPECT_LT(test::rel_l2(d_out.download(), want), 1e-6);  // fp32 sum of 2304 squares vs double
-
-  r.k = 2302;  // not a multiple of 4: refused before launch
-  EXPECT_EQ(rmsnorm(r, nullptr).code(), StatusCode::kInvalidArgument);
   e.token_ids = nullptr;
   EXPECT_EQ(embed(e, nullptr).code(), StatusCode::kNullPointer);
 }

@@ -73,7 +73,10 @@ struct MoeRouterParams {
   const void* weight = nullptr;          // [num_experts][hidden] fp32 or bf16, 16-byte aligned
   MoeRouterDtype weight_dtype = MoeRouterDtype::kBf16;
   const float* bias = nullptr;           // optional [num_experts] e_score_correction_bias (selection only)
-  const float* h = nullptr;              // [batch][hidden] normalised hidden state, 16-byte aligned
+  const float* h = nullptr;              // [batch][hidden] normalised hidden state (raw with norm_weight), 16-byte aligned
+  // Optional fused RMSNorm (the layer's ffn_norm): route rmsnorm(h) * norm_weight instead of h.
+  const float* norm_weight = nullptr;    // [hidden], 16-byte aligned
+  float norm_eps = 1e-5f;
   int hidden = 0;                        // a multiple of 256
   int batch = 1;                         // 1..kMaxMoeBatch
   int* topk_ids = nullptr;               // [batch][top_k], selection order (descending score)
@@ -115,7 +118,11 @@ struct MoeExpertsParams {
   int inter = 0;                         // expert width, a multiple of 256, <= kMaxMoeInter
   int batch = 1;                         // 1..max_batch
   int max_batch = kMaxMoeBatch;          // what the workspace and the grids are sized for (graph capture)
-  const float* h = nullptr;              // [batch][hidden] normalised input, 16-byte aligned
+  const float* h = nullptr;              // [batch][hidden] normalised input (raw with norm_weight), 16-byte aligned
+  // Optional fused RMSNorm: the experts see rmsnorm(h) * norm_weight. h may then be x itself
+  // (the layer's input is read before anything is added to it).
+  const float* norm_weight = nullptr;    // [hidden], 16-byte aligned
+  float norm_eps = 1e-5f;
   float* x = nullptr;                    // [batch][hidden] residual stream, updated in place
   const int* topk_ids = nullptr;         // [batch][top_k] (device; e.g. from moe_router)
   const float* topk_weights = nullptr;   // [batch][top_k] (routed scale already applied)

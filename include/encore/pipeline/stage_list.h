@@ -11,13 +11,13 @@
 //              (independent: the second joins the first) -> splitkv -> combine -> v_up -> o_proj
 //              (+ the split-KV scheduler once per step, before the first MLA layer)
 //   dense MLP: RMSNorm + gate/up GEMV (SiLU·mul) -> down GEMV + residual
-//   MoE:       RMSNorm -> router (GEMV + top-k) -> experts (work list, gate/up, down + ordered
-//              combine + residual)
+//   MoE:       router (RMSNorm fused, GEMV + top-k) -> experts (RMSNorm fused, work list,
+//              gate/up, down + ordered combine + residual); both read the residual stream x
 //   head:      final RMSNorm + LM-head GEMV -> logits
-// Kimi-Linear: 192 stages, 185 dependency levels = model.md §4's 185 (kv_append joins q_absorb).
-// The cut of the MoE layer differs from model.md's ([norm + router + top-k + work list] [gate/up]
-// [down]): the current MoE op has no norm prologue and builds its work list inside moe_experts.
-// Graph-path kernels are more than stages: moe_router launches 2 kernels and moe_experts 3.
+// Kimi-Linear: 166 stages in 159 dependency levels (kv_append joins q_absorb). The cut of the MoE
+// layer differs from model.md's ([norm + router + top-k + work list] [gate/up] [down]): the norm is
+// fused into both MoE ops and the work list is built inside moe_experts. Graph-path kernels are
+// more than stages: moe_router launches 2 kernels and moe_experts 3.
 #pragma once
 
 #include <type_traits>
@@ -36,7 +36,6 @@ namespace encore::pipeline {
 // Which params member is live, i.e. which launcher runs the stage.
 enum class StageKind : int {
   kEmbed,         // embed
-  kRmsNorm,       // rmsnorm
   kRmsNormGemv,   // rms_gemv  -> ops::rmsnorm_q4k_gemv
   kGemv,          // gemv      -> ops::q4k_gemv
   kGateUpGemv,    // gate_up   -> ops::gate_up_q4k_gemv
@@ -57,13 +56,12 @@ enum class StageRole : int {
   kKdaInProj, kKda, kKdaOutProj,
   kMlaSched, kMlaInProj, kMlaQB, kMlaQAbsorb, kMlaKvAppend, kMlaSplitKv, kMlaCombine, kMlaVUp, kMlaOutProj,
   kDenseGateUp, kDenseDown,
-  kMoeNorm, kMoeRouter, kMoeExperts,
+  kMoeRouter, kMoeExperts,
   kLmHead,
 };
 
 union StageParams {
   EmbedParams embed;
-  RmsNormParams rmsnorm;
   ops::RmsNormQ4kGemvParams rms_gemv;
   ops::Q4kGemvParams gemv;
   ops::GateUpQ4kGemvParams gate_up;

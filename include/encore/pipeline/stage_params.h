@@ -1,8 +1,8 @@
-// Params and launchers of the two stages the decode step needs that no op in ops/ provides
-// (kernels in pipeline/step_kernels.cu, device bodies in pipeline/step_tiles.cuh):
+// Params and launcher of the one stage the decode step needs that no op in ops/ provides (kernel
+// in pipeline/step_kernels.cu, device body in pipeline/step_tiles.cuh):
 //   embedding gather  x[b] = float(table[token_ids[b]])   (model.md §3; ids clamped to the vocab)
-//   RMSNorm           out[b] = rmsnorm(x[b]) * gamma      (the MoE input h: moe_router and
-//                     moe_experts take a normalised h and have no norm prologue)
+// Every RMSNorm of the step is fused into the op that consumes it (the GEMVs, moe_router and
+// moe_experts through their norm weights).
 #pragma once
 
 #include <cstdint>
@@ -21,21 +21,10 @@ struct EmbedParams {
   int vocab = 0, hidden = 0, batch = 0;
 };
 
-struct RmsNormParams {
-  const float* x = nullptr;      // [batch][k]
-  const float* gamma = nullptr;  // [k]
-  float eps = 1e-5f;
-  float* out = nullptr;          // [batch][k]
-  std::int64_t k = 0;
-  int batch = 0;
-};
-
 // Host-side checks (dims, pointers, alignment, overlap), in the style of the ops' validators.
 Status validate(const EmbedParams& p);
-Status validate(const RmsNormParams& p);
 
 // Validate, then launch one block per row (programmatic dependents of the previous kernel).
 Status embed(const EmbedParams& p, cudaStream_t stream);
-Status rmsnorm(const RmsNormParams& p, cudaStream_t stream);
 
 }  // namespace encore::pipeline

@@ -13,6 +13,10 @@ namespace encore::ref {
 void moe_router_logits(const void* weight, ops::MoeRouterDtype dtype, const float* h, int batch, int num_experts,
                        int hidden, double* logits);
 
+// The MoE input the ops see when given a norm_weight: h[t] = float(rmsnorm(x[t]) * gamma), the
+// norm in double (the device computes it in fp32; the two differ by about an fp32 rounding).
+void moe_input_norm(const float* x, const float* gamma, int batch, int hidden, double eps, float* h);
+
 // Routing of `batch` tokens from fp32 logits (specs/moe.md §2), scores in double. Ties (equal
 // doubles) go to the lower index. ids [batch][k] in selection order, weights [batch][k]. Pad rows
 // (slot_ids[t] < 0, when slot_ids is given) get ids -1 and weights 0.
