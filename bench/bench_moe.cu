@@ -31,6 +31,22 @@ __global__ void to_bf16_kernel(const float* in, __nv_bfloat16* out, std::size_t 
     out[i] = __float2bfloat16(in[i]);
 }
 
+// h[row] = rmsnorm(raw[row]) * gamma (eps 1e-5): one block per row, a plain reduction (setup only).
+__global__ void rms_norm_rows_kernel(const float* raw, const float* gamma, int hidden, float* h) {
+  __shared__ float partial[256];
+  const float* x = raw + std::size_t(blockIdx.x) * hidden;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) ss += x[i] * x[i];
+  partial[threadIdx.x] = ss;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s /= 2) {
+    if (int(threadIdx.x) < s) partial[threadIdx.x] += partial[threadIdx.x + s];
+    __syncthreads();
+  }
+  const float inv_rms = rsqrtf(partial[0] / float(hidden) + 1e-5f);
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) h[std::size_t(blockIdx.x) * hidden + i] = x[i] * inv_rms * gamma[i];
+}
+
 // Random Q4_K blocks with sane d/dmin (random fp16 bytes could be inf/NaN).
 __global__ void fix_scales_kernel(q4k::Block* blocks, std::size_t n) {
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
@@ -85,9 +101,10 @@ Model& model(const Shape& s) {
   return *m;
 }
 
-// Per call: its own h, x, routing outputs and workspaces.
+// Per call: its own raw input, its normalised h, x, routing outputs and workspaces.
 struct Step {
-  float* h;
+  float* raw;  // the layer input before its RMSNorm (fused-norm variant)
+  float* h;    // rmsnorm(raw) * the model's norm weight
   float* x;
   int* ids;
   float* weights;
@@ -151,9 +168,12 @@ std::vector<Step>& steps(const Model& m, int batch, double& expert_bytes) {
     found = new std::vector<Step>(kCalls);
     for (int i = 0; i < kCalls; ++i) {
       Step& st = (*found)[i];
+      st.raw = static_cast<float*>(device_alloc(std::size_t(batch) * m.s.hidden * 4));
       st.h = static_cast<float*>(device_alloc(std::size_t(batch) * m.s.hidden * 4));
       st.x = static_cast<float*>(device_alloc(std::size_t(batch) * m.s.hidden * 4));
-      fill_random_floats(st.h, std::size_t(batch) * m.s.hidden, 1000 + i);
+      fill_random_floats(st.raw, std::size_t(batch) * m.s.hidden, 1000 + i);
+      rms_norm_rows_kernel<<<batch, 256>>>(st.raw, m.norm, m.s.hidden, st.h);
+      BENCH_CUDA(cudaGetLastError());
       fill_random_floats(st.x, std::size_t(batch) * m.s.hidden, 2000 + i);
       st.ids = static_cast<int*>(device_alloc(std::size_t(batch) * m.s.top_k * 4));
       st.weights = static_cast<float*>(device_alloc(std::size_t(batch) * m.s.top_k * 4));
@@ -174,9 +194,9 @@ std::vector<Step>& steps(const Model& m, int batch, double& expert_bytes) {
 double router_bytes(const Shape& s) { return double(s.num_experts) * s.hidden * 2; }
 
 // kLayerNorm: the layer as the decode pipeline runs it, the RMSNorm fused into the router and the
-// experts, which read a raw h (the pipeline passes h = x; here h stays apart from x, or the replays'
-// in-place adds would drift every token towards the same routing). Its expert bytes are those of
-// the plain routing of h (the same distribution of experts used).
+// experts, which read the raw input (the pipeline passes h = x; here it stays apart from x, or the
+// replays' in-place adds would drift every token towards the same routing). Its h is the raw
+// input the other parts see normalised, so both route alike (up to fp32 rounding).
 enum class Part { kRouter, kExperts, kLayer, kLayerNorm };
 
 void run_moe(benchmark::State& state, const Shape& shape, Part part) {
@@ -191,6 +211,7 @@ void run_moe(benchmark::State& state, const Shape& shape, Part part) {
         ops::MoeRouterParams r = router_params(m, st[i], batch);
         ops::MoeExpertsParams e = experts_params(m, st[i], batch, i % kWeightCopies);
         if (part == Part::kLayerNorm) {
+          r.h = e.h = st[i].raw;
           r.norm_weight = e.norm_weight = m.norm;
           r.norm_eps = e.norm_eps = 1e-5f;
         }

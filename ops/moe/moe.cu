@@ -60,8 +60,9 @@ __global__ void __launch_bounds__(kBlockThreads) moe_prepare_kernel(const __grid
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) moe::prepare_tile(p, tile, smem);
 }
 
-// Gate/up and down: kStreamBlocksPerSm streaming blocks per SM (their rings fill the shared memory).
-__global__ void __launch_bounds__(kBlockThreads, moe::kStreamBlocksPerSm)
+// Gate/up and down: BlocksPerSm streaming blocks per SM (their rings fill the shared memory).
+template <int BlocksPerSm>
+__global__ void __launch_bounds__(kBlockThreads, BlocksPerSm)
     moe_gate_up_kernel(const __grid_constant__ ExpertsTileParams p, const moe::StreamShape shape) {
   extern __shared__ __align__(128) char smem[];
   device::wait_for_upstream();
@@ -70,7 +71,8 @@ __global__ void __launch_bounds__(kBlockThreads, moe::kStreamBlocksPerSm)
 }
 
 // Waits for the gate/up kernel inside the body, after its weight copies are issued.
-__global__ void __launch_bounds__(kBlockThreads, moe::kStreamBlocksPerSm)
+template <int BlocksPerSm>
+__global__ void __launch_bounds__(kBlockThreads, BlocksPerSm)
     moe_down_kernel(const __grid_constant__ ExpertsTileParams p, const moe::StreamShape shape) {
   extern __shared__ __align__(128) char smem[];
   moe::down_stream(p, shape, smem);
@@ -106,28 +108,33 @@ ExpertsLayout experts_layout(int max_batch, int num_experts, int num_shared, int
   return l;
 }
 
-// The streams of the gate/up and down kernels: kStreamBlocksPerSm blocks per SM, as many ring
-// stages per warp as fit in their share of shared memory (at most kMaxRingStages), entries per
-// pass as many as leave at least kWantStages (or, when none does, kMinStages). Depends on
-// max_batch and the device, not on the batch, so one capture serves any routing.
+// The streams of the gate/up and down kernels: as many ring stages per warp as fit in each block's
+// share of shared memory (at most kMaxRingStages). The general plan runs kStreamBlocksPerSm blocks
+// per SM with entries per pass as many as leave at least kWantStages (or, when none does,
+// kMinStages), sized for max_batch, so one capture serves any routing. A batch of at most
+// kTokensPerPass tokens first tries a plan of its own: passes as wide as the batch (no expert is
+// ever split) and gate/up at kSmallBatchGateUpBlocks blocks per SM, whose smaller rings start each
+// block's first item sooner (H200 A/B in bench/RESULTS.md: Kimi experts B = 1 30.6 -> 29.4 us).
 struct StreamPlan {
   moe::StreamShape gate_up, down;
   int tokens = 0, gate_up_grid = 0, down_grid = 0;
+  int gate_up_blocks = moe::kStreamBlocksPerSm;  // per SM (the down kernel always runs kStreamBlocksPerSm)
   std::size_t gate_up_smem = 0, down_smem = 0;
 };
 
-constexpr int kWantStages = 4, kMinStages = 2;
+constexpr int kWantStages = 4, kMinStages = 2, kSmallBatchGateUpBlocks = 3;
 
-// Fills shape (k_blocks, tokens, gather set) for `row_groups` items per pass; false if fewer than
-// min_stages fit.
-bool fit_stream(moe::StreamShape& shape, int passes, int row_groups, int min_stages, int& grid, std::size_t& smem) {
+// Fills shape (k_blocks, tokens, gather set) for `row_groups` items per pass at blocks_per_sm
+// blocks per SM; false if fewer than min_stages fit.
+bool fit_stream(moe::StreamShape& shape, int passes, int row_groups, int min_stages, int blocks_per_sm, int& grid,
+                std::size_t& smem) {
   const std::int64_t items = std::int64_t(passes) * row_groups;
-  grid = int(std::max<std::int64_t>(1, std::min<std::int64_t>(items, std::int64_t(detail::sm_count()) * moe::kStreamBlocksPerSm)));
+  grid = int(std::max<std::int64_t>(1, std::min<std::int64_t>(items, std::int64_t(detail::sm_count()) * blocks_per_sm)));
   shape.stage_blocks = moe::stream_stage_blocks(shape.k_blocks);
   shape.max_items = int((items + grid - 1) / grid);
   constexpr std::size_t kReservedPerBlock = 1024;  // the runtime's shared memory per block
-  const std::size_t limit = std::size_t(detail::max_shared_memory_per_block()) / moe::kStreamBlocksPerSm -
-                            (moe::kStreamBlocksPerSm > 1 ? kReservedPerBlock : 0);
+  const std::size_t limit =
+      std::size_t(detail::max_shared_memory_per_block()) / blocks_per_sm - (blocks_per_sm > 1 ? kReservedPerBlock : 0);
   for (shape.stages = moe::kMaxRingStages; shape.stages >= min_stages; --shape.stages) {
     smem = moe::StreamSmem(nullptr, shape).bytes;
     if (smem <= limit) return true;
@@ -135,22 +142,28 @@ bool fit_stream(moe::StreamShape& shape, int passes, int row_groups, int min_sta
   return false;
 }
 
+// Both streams for `tokens` entries per pass over the passes of `batch` tokens.
+bool fit_plan(const MoeExpertsParams& a, int batch, int tokens, int gate_up_blocks, int min_stages, StreamPlan& plan) {
+  const int passes = moe::max_passes(batch, a.num_experts, a.num_shared, a.top_k, tokens);
+  plan.tokens = tokens;
+  plan.gate_up_blocks = gate_up_blocks;
+  plan.gate_up = {a.hidden / 256, 0, 0, tokens, 0, true};
+  plan.down = {a.inter / 256, 0, 0, tokens, 0, false};
+  if (!fit_stream(plan.gate_up, passes, moe::gate_up_row_groups(a.inter), min_stages, gate_up_blocks, plan.gate_up_grid,
+                  plan.gate_up_smem) ||
+      !fit_stream(plan.down, passes, moe::down_row_chunks(a.hidden), min_stages, moe::kStreamBlocksPerSm, plan.down_grid,
+                  plan.down_smem))
+    return false;
+  // The combine stages the entry lists in the (then idle) down ring.
+  const std::size_t lists = std::size_t(a.max_batch) * (a.top_k + a.num_shared) * 8;
+  return std::size_t(kWarpsPerBlock) * plan.down.stages * plan.down.stage_bytes() >= lists;
+}
+
 Status plan_streams(const MoeExpertsParams& a, StreamPlan& plan) {
+  if (a.batch <= moe::kTokensPerPass && fit_plan(a, a.batch, a.batch, kSmallBatchGateUpBlocks, kMinStages, plan)) return {};
   for (int min_stages : {kWantStages, kMinStages})
-    for (int tokens = std::min(moe::kTokensPerPass, a.max_batch); tokens >= 1; --tokens) {
-      const int passes = moe::max_passes(a.max_batch, a.num_experts, a.num_shared, a.top_k, tokens);
-      plan.tokens = tokens;
-      plan.gate_up = {a.hidden / 256, 0, 0, tokens, 0, true};
-      plan.down = {a.inter / 256, 0, 0, tokens, 0, false};
-      if (fit_stream(plan.gate_up, passes, moe::gate_up_row_groups(a.inter), min_stages, plan.gate_up_grid, plan.gate_up_smem) &&
-          fit_stream(plan.down, passes, moe::down_row_chunks(a.hidden), min_stages, plan.down_grid, plan.down_smem)) {
-        // The combine stages the entry lists in the (then idle) down ring.
-        const std::size_t lists = std::size_t(a.max_batch) * (a.top_k + a.num_shared) * 8;
-        ENCORE_REQUIRE(std::size_t(kWarpsPerBlock) * plan.down.stages * plan.down.stage_bytes() >= lists, StatusCode::kUnsupported,
-                       "moe_experts: the down ring cannot hold the combine's entry lists");
-        return {};
-      }
-    }
+    for (int tokens = std::min(moe::kTokensPerPass, a.max_batch); tokens >= 1; --tokens)
+      if (fit_plan(a, a.max_batch, tokens, moe::kStreamBlocksPerSm, min_stages, plan)) return {};
   return Status(StatusCode::kUnsupported, detail::concat("moe_experts: hidden = ", a.hidden, ", inter = ", a.inter,
                                                          ": the expert streams do not fit in shared memory"));
 }
@@ -437,9 +450,13 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   const int prepare = moe::prepare_tiles(a.max_batch, p.hidden_blocks);
   ENCORE_RETURN_IF_ERROR(detail::launch(moe_prepare_kernel, prepare, moe::prepare_smem_bytes(), stream, true,
                                         "moe prepare kernel", p, prepare));
-  ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel, plan.gate_up_grid, plan.gate_up_smem, stream, true,
-                                        "moe gate/up kernel", p, plan.gate_up));
-  return detail::launch(moe_down_kernel, plan.down_grid, plan.down_smem, stream, true, "moe down kernel", p, plan.down);
+  static_assert(moe::kStreamBlocksPerSm != kSmallBatchGateUpBlocks);
+  const auto gate_up_kernel = plan.gate_up_blocks == kSmallBatchGateUpBlocks ? moe_gate_up_kernel<kSmallBatchGateUpBlocks>
+                                                                             : moe_gate_up_kernel<moe::kStreamBlocksPerSm>;
+  ENCORE_RETURN_IF_ERROR(detail::launch(gate_up_kernel, plan.gate_up_grid, plan.gate_up_smem, stream, true, "moe gate/up kernel",
+                                        p, plan.gate_up));
+  return detail::launch(moe_down_kernel<moe::kStreamBlocksPerSm>, plan.down_grid, plan.down_smem, stream, true,
+                        "moe down kernel", p, plan.down);
 }
 
 }  // namespace encore::ops

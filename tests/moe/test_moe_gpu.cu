@@ -403,10 +403,10 @@ void check_against_reference(ExpertModel& m, int batch, bool exact, const char* 
   EXPECT_LT(mimic_err, 5e-5) << "vs the int8-activation reference";
   if (exact) {
     const double err = test::rel_l2(d, m.reference(batch, h, ids, w, false));
-    // Two int8 quantisations (h, silu(g)*u): ~0.5-2% measured on the H200 from 4 tokens up; one
-    // or two tokens (a single output row, cancellations inside it) reached 0.147 once (E = 8,
-    // hidden 1024). The tight check is the one above.
-    EXPECT_LT(err, batch <= 2 ? 0.25 : 5e-2) << "vs the exact-activation reference";
+    // Two int8 quantisations (h, silu(g)*u): ~0.4-2% measured on the H200 from 8 tokens up; up to
+    // 4 tokens (few output rows, cancellations inside them) reached 0.147 (one token) and 0.146
+    // (four tokens, E = 8, hidden 1024, int8-reference error 3e-9). The tight check is the one above.
+    EXPECT_LT(err, batch <= 4 ? 0.25 : 5e-2) << "vs the exact-activation reference";
     std::printf("  [batch %d] rel L2 vs int8 reference %.2e, vs exact reference %.2e\n", batch, mimic_err, err);
   } else {
     std::printf("  [batch %d, %s] rel L2 vs int8 reference %.2e\n", batch, routing, mimic_err);
@@ -533,7 +533,10 @@ TEST(MoeExpertsGpu, SmallFusedNormInPlace) {
       if (slots[t] < 0) EXPECT_TRUE(test::bitwise_equal(out.data() + t * 512, x.data() + t * 512, 512 * 4)) << "pad token " << t;
     std::vector<float> h(x.size());
     ref::moe_input_norm(x.data(), gamma.data(), batch, 512, 1e-6, h.data());
-    EXPECT_LT(m.mimic_error(delta(out, x), batch, h, ids, w, &slots), 5e-5) << "vs the int8 reference of rmsnorm(x) * gamma";
+    // The reference's h (fp64 norm, rounded) and the device's (fp32 norm) differ by about an ulp,
+    // so an h code on a rounding midpoint may round the other way (seen once in 10 runs: 5.8e-5 at
+    // batch 64, one or two codes); 5e-4 still fails any indexing, gamma or 1/rms error (>= 1e-2).
+    EXPECT_LT(m.mimic_error(delta(out, x), batch, h, ids, w, &slots), 5e-4) << "vs the int8 reference of rmsnorm(x) * gamma";
   }
 }
 

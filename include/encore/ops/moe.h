@@ -117,7 +117,7 @@ struct MoeExpertsParams {
   int hidden = 0;                        // a multiple of 256
   int inter = 0;                         // expert width, a multiple of 256, <= kMaxMoeInter
   int batch = 1;                         // 1..max_batch
-  int max_batch = kMaxMoeBatch;          // what the workspace and the grids are sized for (graph capture)
+  int max_batch = kMaxMoeBatch;          // what the workspace is sized for; the grids follow batch and max_batch
   const float* h = nullptr;              // [batch][hidden] normalised input (raw with norm_weight), 16-byte aligned
   // Optional fused RMSNorm: the experts see rmsnorm(h) * norm_weight. h may then be x itself
   // (the layer's input is read before anything is added to it).
