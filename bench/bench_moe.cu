@@ -13,6 +13,7 @@
 #include <set>
 #include <vector>
 
+#include <cub/block/block_reduce.cuh>
 #include <cuda_bf16.h>
 
 #include <encore/ops/moe.h>
@@ -31,19 +32,17 @@ __global__ void to_bf16_kernel(const float* in, __nv_bfloat16* out, std::size_t 
     out[i] = __float2bfloat16(in[i]);
 }
 
-// h[row] = rmsnorm(raw[row]) * gamma (eps 1e-5): one block per row, a plain reduction (setup only).
+// h[row] = rmsnorm(raw[row]) * gamma (eps 1e-5): one block of 256 threads per row (setup only).
 __global__ void rms_norm_rows_kernel(const float* raw, const float* gamma, int hidden, float* h) {
-  __shared__ float partial[256];
+  using Reduce = cub::BlockReduce<float, 256>;
+  __shared__ typename Reduce::TempStorage temp;
+  __shared__ float inv_rms;
   const float* x = raw + std::size_t(blockIdx.x) * hidden;
   float ss = 0.f;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) ss += x[i] * x[i];
-  partial[threadIdx.x] = ss;
+  const float total = Reduce(temp).Sum(ss);
+  if (threadIdx.x == 0) inv_rms = rsqrtf(total / float(hidden) + 1e-5f);
   __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s /= 2) {
-    if (int(threadIdx.x) < s) partial[threadIdx.x] += partial[threadIdx.x + s];
-    __syncthreads();
-  }
-  const float inv_rms = rsqrtf(partial[0] / float(hidden) + 1e-5f);
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) h[std::size_t(blockIdx.x) * hidden + i] = x[i] * inv_rms * gamma[i];
 }
 

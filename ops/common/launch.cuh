@@ -33,6 +33,12 @@ __device__ __forceinline__ void allow_downstream() {
 #endif
 }
 
+// v[0..7] = p[0..7] through the read-only path (p 16-byte aligned, not written by this kernel).
+__device__ __forceinline__ void ldg_float8(const float* p, float (&v)[8]) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
 // Carves dynamic shared memory: each body asks for its pieces in order, so its total need can
 // be computed on the host with the same code (pass a null base).
 class SmemAllocator {

@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(kBlockThreads) moe_prepare_kernel(const __grid
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) moe::prepare_tile(p, tile, smem);
 }
 
-// Gate/up and down: BlocksPerSm streaming blocks per SM (their rings fill the shared memory).
+// Gate/up and down: streaming blocks per SM as planned (their rings fill the shared memory).
 template <int BlocksPerSm>
 __global__ void __launch_bounds__(kBlockThreads, BlocksPerSm)
     moe_gate_up_kernel(const __grid_constant__ ExpertsTileParams p, const moe::StreamShape shape) {
@@ -71,8 +71,7 @@ __global__ void __launch_bounds__(kBlockThreads, BlocksPerSm)
 }
 
 // Waits for the gate/up kernel inside the body, after its weight copies are issued.
-template <int BlocksPerSm>
-__global__ void __launch_bounds__(kBlockThreads, BlocksPerSm)
+__global__ void __launch_bounds__(kBlockThreads, moe::kStreamBlocksPerSm)
     moe_down_kernel(const __grid_constant__ ExpertsTileParams p, const moe::StreamShape shape) {
   extern __shared__ __align__(128) char smem[];
   moe::down_stream(p, shape, smem);
@@ -455,7 +454,7 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
                                                                              : moe_gate_up_kernel<moe::kStreamBlocksPerSm>;
   ENCORE_RETURN_IF_ERROR(detail::launch(gate_up_kernel, plan.gate_up_grid, plan.gate_up_smem, stream, true, "moe gate/up kernel",
                                         p, plan.gate_up));
-  return detail::launch(moe_down_kernel<moe::kStreamBlocksPerSm>, plan.down_grid, plan.down_smem, stream, true,
+  return detail::launch(moe_down_kernel, plan.down_grid, plan.down_smem, stream, true,
                         "moe down kernel", p, plan.down);
 }
 

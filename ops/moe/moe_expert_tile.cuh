@@ -205,9 +205,8 @@ __device__ inline void prepare_tile(const ExpertsTileParams& p, int tile, char* 
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) sum_sq += __shfl_xor_sync(0xFFFFFFFFu, sum_sq, offset);
     const float inv_rms = rsqrtf(sum_sq / float(p.hidden) + p.eps);
-    const float4* g = reinterpret_cast<const float4*>(p.gamma + b * 256 + lane * 8);
-    const float4 g0 = __ldg(g), g1 = __ldg(g + 1);
-    const float gv[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+    float gv[8];
+    device::ldg_float8(p.gamma + b * 256 + lane * 8, gv);
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = v[i] * inv_rms * gv[i];
   }

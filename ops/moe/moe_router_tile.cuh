@@ -71,11 +71,7 @@ __device__ __forceinline__ void load_router_weights(const RouterGemvParams& p, s
       w[2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u);
     }
   } else {
-    const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(p.weight) + at);
-    const float4 a = __ldg(src), b = __ldg(src + 1);
-    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = v[i];
+    device::ldg_float8(static_cast<const float*>(p.weight) + at, w);
   }
 }
 
@@ -113,9 +109,8 @@ __device__ inline void router_gemv_tile(const RouterGemvParams& p, int tile) {
 #pragma unroll
     for (int b = 0; b < kRouterSliceBlocks; ++b)
       if (b < nb) {
-        const float4* g = reinterpret_cast<const float4*>(p.gamma + (kb0 + b) * 256 + lane * 8);
-        const float4 g0 = __ldg(g), g1 = __ldg(g + 1);
-        const float gv[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+        float gv[8];
+        device::ldg_float8(p.gamma + (kb0 + b) * 256 + lane * 8, gv);
 #pragma unroll
         for (int i = 0; i < 8; ++i) w[b][i] *= gv[i];
       }
