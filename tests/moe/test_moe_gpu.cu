@@ -187,6 +187,54 @@ TEST(MoeTopkGpu, ExactTiesGroupingAndNonFinite) {
   EXPECT_EQ(nan_route.ids[1], 100);
 }
 
+// Runs moe_router on device copies of `weight` (fp32 or bf16 bits), h and the optional bias and
+// RMSNorm weight, then checks its logits against `want` (rel. L2 < 1e-5: fp32 accumulation over
+// `hidden` terms) and its routing against the reference top-k of the GPU's own logits.
+struct RouterCase {
+  MoeRoutingConfig config;
+  const void* weight;  // host [E][hidden]
+  ops::MoeRouterDtype dtype;
+  std::size_t weight_bytes;
+  const std::vector<float>* h;      // [batch][hidden]
+  const std::vector<float>* bias;   // [E] or null
+  const std::vector<float>* gamma;  // [hidden] or null (no fused norm)
+  int batch, hidden;
+};
+
+void check_router(const RouterCase& rc, const std::vector<double>& want, const char* what) {
+  const MoeRoutingConfig& c = rc.config;
+  const int E = c.num_experts;
+  DeviceBuffer<char> d_w(rc.weight_bytes);
+  CUDA_OK(cudaMemcpy(d_w.get(), rc.weight, rc.weight_bytes, cudaMemcpyHostToDevice));
+  DeviceBuffer<float> d_h(*rc.h), logits(std::size_t(rc.batch) * E), weights(std::size_t(rc.batch) * c.top_k);
+  DeviceBuffer<float> d_bias(rc.bias ? *rc.bias : std::vector<float>(1)), d_gamma(rc.gamma ? *rc.gamma : std::vector<float>(1));
+  DeviceBuffer<int> ids(std::size_t(rc.batch) * c.top_k);
+  DeviceBuffer<char> ws(ops::moe_router_workspace_bytes(rc.batch, E, rc.hidden));
+  logits.poison(), weights.poison(), ids.poison(), ws.poison();
+  ops::MoeRouterParams p;
+  p.config = c;
+  p.weight = d_w.get();
+  p.weight_dtype = rc.dtype;
+  p.bias = rc.bias ? d_bias.get() : nullptr;
+  p.h = d_h.get();
+  p.norm_weight = rc.gamma ? d_gamma.get() : nullptr;
+  p.norm_eps = 1e-6f;
+  p.hidden = rc.hidden;
+  p.batch = rc.batch;
+  p.topk_ids = ids.get();
+  p.topk_weights = weights.get();
+  p.logits = logits.get();
+  p.workspace = ws.get();
+  p.workspace_bytes = ws.bytes();
+  ENCORE_OK(ops::moe_router(p, nullptr));
+  const auto got_logits = logits.download();
+  EXPECT_LT(test::rel_l2(got_logits, want), 1e-5) << what;
+  std::vector<int> ref_ids(ids.size());
+  std::vector<double> ref_w(ids.size());
+  ref::moe_topk(c, got_logits.data(), rc.bias ? rc.bias->data() : nullptr, rc.batch, ref_ids.data(), ref_w.data());
+  expect_routing_matches(c, {ids.download(), weights.download()}, ref_ids, ref_w, rc.batch);
+}
+
 TEST(MoeRouterGpu, LogitsAndRoutingFromHiddenState) {
   ENCORE_REQUIRE_GPU();
   const auto seed = test::fresh_seed();
@@ -203,34 +251,13 @@ TEST(MoeRouterGpu, LogitsAndRoutingFromHiddenState) {
       }
       const auto h = test::random_normal(std::size_t(batch) * hidden, rng);
       const auto bias = test::random_uniform(E, rng, -0.1f, 0.1f);
-      DeviceBuffer<float> d_wf(wf), d_h(h), d_bias(bias), logits(std::size_t(batch) * E), weights(std::size_t(batch) * c.top_k);
-      DeviceBuffer<std::uint16_t> d_wb(wb);
-      DeviceBuffer<int> ids(std::size_t(batch) * c.top_k);
-      DeviceBuffer<char> ws(ops::moe_router_workspace_bytes(batch, E, hidden));
-      ops::MoeRouterParams p;
-      p.config = c;
-      p.weight = bf16 ? static_cast<const void*>(d_wb.get()) : d_wf.get();
-      p.weight_dtype = bf16 ? ops::MoeRouterDtype::kBf16 : ops::MoeRouterDtype::kFp32;
-      p.bias = c.score == ops::MoeScoreFunc::kSigmoid ? d_bias.get() : nullptr;
-      p.h = d_h.get();
-      p.hidden = hidden;
-      p.batch = batch;
-      p.topk_ids = ids.get();
-      p.topk_weights = weights.get();
-      p.logits = logits.get();
-      p.workspace = ws.get();
-      p.workspace_bytes = ws.bytes();
-      ENCORE_OK(ops::moe_router(p, nullptr));
+      const auto dtype = bf16 ? ops::MoeRouterDtype::kBf16 : ops::MoeRouterDtype::kFp32;
+      const void* weight = bf16 ? static_cast<const void*>(wb.data()) : wf.data();
       std::vector<double> want(std::size_t(batch) * E);
-      ref::moe_router_logits(bf16 ? static_cast<const void*>(wb.data()) : wf.data(), p.weight_dtype, h.data(), batch, E, hidden, want.data());
-      const auto got_logits = logits.download();
-      const double err = test::rel_l2(got_logits, want);
-      EXPECT_LT(err, 1e-5) << "router logits, bf16 = " << bf16;  // fp32 accumulation over 2304 terms
-      // The top-k of the GPU's own logits must match the reference top-k of those logits.
-      std::vector<int> ref_ids(ids.size());
-      std::vector<double> ref_w(ids.size());
-      ref::moe_topk(c, got_logits.data(), p.bias ? bias.data() : nullptr, batch, ref_ids.data(), ref_w.data());
-      expect_routing_matches(c, {ids.download(), weights.download()}, ref_ids, ref_w, batch);
+      ref::moe_router_logits(weight, dtype, h.data(), batch, E, hidden, want.data());
+      const bool biased = c.score == ops::MoeScoreFunc::kSigmoid;
+      check_router({c, weight, dtype, wf.size() * (bf16 ? 2 : 4), &h, biased ? &bias : nullptr, nullptr, batch, hidden},
+                   want, bf16 ? "router logits, bf16 weights" : "router logits, fp32 weights");
     }
   }
 }
@@ -250,36 +277,12 @@ TEST(MoeRouterGpu, FusedNormMatchesNormThenRoute) {
   for (const int batch : {1, 5, 64}) {
     SCOPED_TRACE(batch);
     const auto x = test::random_normal(std::size_t(batch) * hidden, rng, 0.3f, 3.f);
-    DeviceBuffer<float> d_w(wf), d_x(x), d_gamma(gamma), d_bias(bias), logits(std::size_t(batch) * E), weights(std::size_t(batch) * c.top_k);
-    DeviceBuffer<int> ids(std::size_t(batch) * c.top_k);
-    DeviceBuffer<char> ws(ops::moe_router_workspace_bytes(batch, E, hidden));
-    logits.poison(), weights.poison(), ids.poison(), ws.poison();
-    ops::MoeRouterParams p;
-    p.config = c;
-    p.weight = d_w.get();
-    p.weight_dtype = ops::MoeRouterDtype::kFp32;
-    p.bias = d_bias.get();
-    p.h = d_x.get();
-    p.norm_weight = d_gamma.get();
-    p.norm_eps = 1e-6f;
-    p.hidden = hidden;
-    p.batch = batch;
-    p.topk_ids = ids.get();
-    p.topk_weights = weights.get();
-    p.logits = logits.get();
-    p.workspace = ws.get();
-    p.workspace_bytes = ws.bytes();
-    ENCORE_OK(ops::moe_router(p, nullptr));
     std::vector<float> h(x.size());
     ref::moe_input_norm(x.data(), gamma.data(), batch, hidden, 1e-6, h.data());
     std::vector<double> want(std::size_t(batch) * E);
     ref::moe_router_logits(wf.data(), ops::MoeRouterDtype::kFp32, h.data(), batch, E, hidden, want.data());
-    const auto got_logits = logits.download();
-    EXPECT_LT(test::rel_l2(got_logits, want), 1e-5) << "fused-norm router logits";
-    std::vector<int> ref_ids(ids.size());
-    std::vector<double> ref_w(ids.size());
-    ref::moe_topk(c, got_logits.data(), bias.data(), batch, ref_ids.data(), ref_w.data());
-    expect_routing_matches(c, {ids.download(), weights.download()}, ref_ids, ref_w, batch);
+    check_router({c, wf.data(), ops::MoeRouterDtype::kFp32, wf.size() * 4, &x, &bias, &gamma, batch, hidden}, want,
+                 "fused-norm router logits");
   }
 }
 
