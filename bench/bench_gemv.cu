@@ -27,7 +27,7 @@ const Shape kShapes[] = {
     {"llama_4096x4096", 4096, 4096, false},          {"llama_up_14336x4096", 14336, 4096, true},
     {"llama_down_4096x14336", 4096, 14336, false},
 };
-const int kBatches[] = {1, 4, 16};
+const int kBatches[] = {1, 4, 8, 16};
 
 // ---- baselines' helper kernels ----------------------------------------------------------------
 
@@ -96,7 +96,8 @@ struct Activations {
 };
 
 // y = W x with the plain op (also the second half of the unfused chains).
-void plain_gemv(const q4k::Block* w, const float* x, float* y, const Shape& s, int batch, cudaStream_t stream) {
+void plain_gemv(const q4k::Block* w, const float* x, float* y, const Shape& s, int batch, cudaStream_t stream,
+                ops::GemvCore core = ops::GemvCore::kAuto) {
   ops::Q4kGemvParams p;
   p.weight = w;
   p.x = x;
@@ -104,15 +105,15 @@ void plain_gemv(const q4k::Block* w, const float* x, float* y, const Shape& s, i
   p.n = s.n;
   p.k = s.k;
   p.batch = batch;
-  check(ops::q4k_gemv(p, stream));
+  check(ops::q4k_gemv(p, stream, {true, core}));
 }
 
-void bench_q4k(benchmark::State& state, Shape s, int batch, bool rotate) {
+void bench_q4k(benchmark::State& state, Shape s, int batch, bool rotate, ops::GemvCore core) {
   const double bytes = double(q4k::row_bytes(s.k)) * s.n;
   const int copies = rotate ? rotation_count(std::size_t(bytes)) : 1;
   Q4kWeights w(s.n, s.k, copies, 1);
   Activations a(s.n, s.k, batch);
-  time_graph(state, [&](int i, cudaStream_t st) { plain_gemv(w.copy(i), a.x.as<float>(), a.y.as<float>(), s, batch, st); },
+  time_graph(state, [&](int i, cudaStream_t st) { plain_gemv(w.copy(i), a.x.as<float>(), a.y.as<float>(), s, batch, st, core); },
              graph_calls(copies), bytes);
 }
 
@@ -139,7 +140,7 @@ void bench_rmsnorm(benchmark::State& state, Shape s, int batch, bool fused) {
   }, graph_calls(copies), bytes);
 }
 
-void bench_gate_up(benchmark::State& state, Shape s, int batch, bool fused) {
+void bench_gate_up(benchmark::State& state, Shape s, int batch, bool fused, ops::GemvCore core) {
   const double bytes = 2.0 * q4k::row_bytes(s.k) * s.n;
   const int copies = rotation_count(std::size_t(bytes));
   Q4kWeights gate(s.n, s.k, copies, 3), up(s.n, s.k, copies, 4);
@@ -155,7 +156,7 @@ void bench_gate_up(benchmark::State& state, Shape s, int batch, bool fused) {
       p.n = s.n;
       p.k = s.k;
       p.batch = batch;
-      check(ops::gate_up_q4k_gemv(p, st));
+      check(ops::gate_up_q4k_gemv(p, st, {true, core}));
     } else {
       rmsnorm_kernel<<<batch, 256, 0, st>>>(a.x.as<float>(), a.gamma.as<float>(), a.tmp.as<float>(), int(s.k), 1e-5f);
       plain_gemv(gate.copy(i), a.tmp.as<float>(), a.y.as<float>(), s, batch, st);
@@ -220,19 +221,25 @@ void bench_cublaslt(benchmark::State& state, Shape s, int batch) {
   for (const Shape& s : kShapes)
     for (int b : kBatches) {
       const std::string tail = std::string(s.name) + "/b" + std::to_string(b);
-      benchmark::RegisterBenchmark(("gemv/q4k/" + tail).c_str(), bench_q4k, s, b, true)->UseManualTime();
+      benchmark::RegisterBenchmark(("gemv/q4k/" + tail).c_str(), bench_q4k, s, b, true, ops::GemvCore::kAuto)->UseManualTime();
       benchmark::RegisterBenchmark(("gemv/rmsnorm_q4k_fused/" + tail).c_str(), bench_rmsnorm, s, b, true)->UseManualTime();
       benchmark::RegisterBenchmark(("gemv/rmsnorm_q4k_unfused/" + tail).c_str(), bench_rmsnorm, s, b, false)->UseManualTime();
       if (s.gate_up) {
-        benchmark::RegisterBenchmark(("gemv/gate_up_q4k_fused/" + tail).c_str(), bench_gate_up, s, b, true)->UseManualTime();
-        benchmark::RegisterBenchmark(("gemv/gate_up_q4k_unfused/" + tail).c_str(), bench_gate_up, s, b, false)->UseManualTime();
+        benchmark::RegisterBenchmark(("gemv/gate_up_q4k_fused/" + tail).c_str(), bench_gate_up, s, b, true, ops::GemvCore::kAuto)->UseManualTime();
+        benchmark::RegisterBenchmark(("gemv/gate_up_q4k_unfused/" + tail).c_str(), bench_gate_up, s, b, false, ops::GemvCore::kAuto)->UseManualTime();
       }
       benchmark::RegisterBenchmark(("gemv/cublaslt_bf16/" + tail).c_str(), bench_cublaslt, s, b)->UseManualTime();
+      if (b >= ops::kGemvMmaMinBatch) {  // the dp4a core where the mma core is the default
+        benchmark::RegisterBenchmark(("gemv/q4k_dp4a/" + tail).c_str(), bench_q4k, s, b, true, ops::GemvCore::kDp4a)->UseManualTime();
+        if (s.gate_up)
+          benchmark::RegisterBenchmark(("gemv/gate_up_q4k_fused_dp4a/" + tail).c_str(), bench_gate_up, s, b, true, ops::GemvCore::kDp4a)
+              ->UseManualTime();
+      }
     }
   // llama.cpp's perf shape with the weights left L2-resident, as test-backend-ops times it.
   for (int b : {1, 8})
     benchmark::RegisterBenchmark(("gemv/q4k_not_rotated/llama_down_4096x14336/b" + std::to_string(b)).c_str(), bench_q4k,
-                                 kShapes[8], b, false)->UseManualTime();
+                                 kShapes[8], b, false, ops::GemvCore::kAuto)->UseManualTime();
   return true;
 }();
 

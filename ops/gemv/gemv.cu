@@ -38,6 +38,19 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm<NTOK, NMAT>) ge
     gemv::gemv_tile<NTOK, NMAT, gemv::rows_per_group(NTOK, NMAT)>(p, tile, s, state);
 }
 
+// The int8 tensor-core core (8 or 16 tokens): tiles of kMmaTileRows rows, K split over the warps.
+template <int NTOK, int NMAT>
+__global__ void __launch_bounds__(kBlockThreads, 2) gemv_mma_kernel(const __grid_constant__ GemvTileParams p) {
+  extern __shared__ __align__(16) char smem[];
+  const gemv::GemvSmem s(smem, p, NTOK, NMAT);
+  const std::int64_t tiles = gemv::num_tiles(p);
+  gemv::TileState state;
+  state.pipe = gemv::start_weight_pipe<NMAT, true>(p, s, blockIdx.x, gridDim.x);
+  device::wait_for_upstream();
+  device::allow_downstream();
+  for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) gemv::gemv_tile_mma<NTOK, NMAT>(p, tile, s, state);
+}
+
 // The token-count tiers the kernels are instantiated for.
 template <class F>
 Status dispatch_tokens(int batch, F&& f) {
@@ -119,10 +132,31 @@ void plan(GemvTileParams& p, int ntok, int nmat, int sms) {
   p = best;
 }
 
+// The mma core's plan: kMmaTileRows rows per tile, every warp streaming them in stages of
+// kMmaStageBlocks blocks; all of K's activations must fit in one chunk. False if they do not.
+constexpr int kMmaStageBlocks = 2;
+bool plan_mma(GemvTileParams& p, int ntok, int nmat) {
+  GemvTileParams q = p;
+  q.mma = true;
+  q.rows_per_warp = gemv::kMmaTileRows;
+  q.row_groups = 8;
+  q.stage_blocks = kMmaStageBlocks;
+  plan_memory(q, ntok, nmat);
+  if (q.chunk_blocks < q.k_blocks || smem_bytes(q, ntok, nmat) > kSmemOnePerSm) return false;
+  p = q;
+  return true;
+}
+
+// Which core runs ntok tokens: the mma core from kGemvMmaMinBatch tokens (its 8 / 16 tiers) when
+// asked or by default, if its plan fits.
+bool use_mma(GemvCore core, int batch) {
+  return core == GemvCore::kMma || (core == GemvCore::kAuto && batch >= kGemvMmaMinBatch);
+}
+
 // The device-dependent plan (row split, stages) of p for ntok tokens and its shared memory.
 // Validation runs it too, so a shape the device cannot hold fails before any stage launches.
-Status plan_launch(GemvTileParams& p, int ntok, int nmat, std::size_t& smem) {
-  plan(p, ntok, nmat, detail::sm_count());
+Status plan_launch(GemvTileParams& p, int ntok, int nmat, std::size_t& smem, GemvCore core) {
+  if (!(ntok >= 8 && use_mma(core, p.batch) && plan_mma(p, ntok, nmat))) plan(p, ntok, nmat, detail::sm_count());
   smem = smem_bytes(p, ntok, nmat);
   ENCORE_REQUIRE(smem <= kSmemOnePerSm, StatusCode::kUnsupported, "q4k gemv: n = ", p.n, ", k = ", p.k_blocks * 256,
                  ", batch = ", p.batch, ": no shared-memory plan fits (", smem, " bytes)");
@@ -135,8 +169,10 @@ Status launch_gemv(GemvTileParams p, int nmat, cudaStream_t stream, GemvLaunch o
   return dispatch_tokens(p.batch, [&](auto ntok) -> Status {
     constexpr int kTok = decltype(ntok)::value;
     std::size_t smem = 0;
-    ENCORE_RETURN_IF_ERROR(plan_launch(p, kTok, nmat, smem));
+    ENCORE_RETURN_IF_ERROR(plan_launch(p, kTok, nmat, smem, options.core));
     auto kernel = nmat == 2 ? gemv_kernel<kTok, 2> : gemv_kernel<kTok, 1>;
+    if constexpr (kTok >= 8)
+      if (p.mma) kernel = nmat == 2 ? gemv_mma_kernel<kTok, 2> : gemv_mma_kernel<kTok, 1>;
     if (smem > 48 * 1024)
       ENCORE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     int per_sm = 0;
@@ -219,11 +255,12 @@ GemvTileParams base_params(const Shape& s, const float* x, const float* gamma, f
   return p;
 }
 
-// Runs the launch plan of a validated shape (host only).
+// Runs the launch plan of a validated shape (host only). The dp4a plan is the one that can fail;
+// the mma core falls back to it.
 Status check_plan(const Shape& s, int nmat) {
   GemvTileParams p = base_params(s, nullptr, nullptr, 0.f);
   std::size_t smem = 0;
-  return dispatch_tokens(s.batch, [&](auto ntok) { return plan_launch(p, decltype(ntok)::value, nmat, smem); });
+  return dispatch_tokens(s.batch, [&](auto ntok) { return plan_launch(p, decltype(ntok)::value, nmat, smem, GemvCore::kDp4a); });
 }
 
 }  // namespace

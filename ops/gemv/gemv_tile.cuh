@@ -16,12 +16,16 @@
 //
 // Activations are quantised to int8 (activation_q8.cuh) into shared memory, `chunk_blocks` K
 // blocks at a time; when one chunk holds all of K, a block that runs several tiles keeps them.
+//
+// From 5 tokens the launcher picks the int8 tensor-core body instead (gemv_tile_mma, q4k_mma.cuh):
+// the same weight rings and activations, one mma.sync.m16n8k32 per sub-block and 8 tokens.
 #pragma once
 
 #include <cstdint>
 
 #include "common/launch.cuh"
 #include "gemv/activation_q8.cuh"
+#include "gemv/q4k_mma.cuh"
 #include "gemv/q4k_stream.cuh"
 
 namespace encore::gemv {
@@ -53,9 +57,12 @@ struct GemvTileParams {
   int stage_blocks;           // K blocks per pipeline stage: stage_blocks_for(G, RL, matrices)
   int stages;                 // ring depth per warp, 2..kMaxStages
   int chunk_blocks;           // K blocks quantised per shared-memory pass (k_blocks, or a multiple of stage_blocks)
+  bool mma;                   // int8 tensor-core core: tiles of kMmaTileRows rows, K split over the warps
 };
 
 inline constexpr int kMaxTokens = 16;
+// Rows of an mma-core tile (the M of one m16n8k32); every warp streams them for its K range.
+inline constexpr int kMmaTileRows = 16;
 inline constexpr int kMaxStages = 4;
 // (row, block) items per group and stage: one matrix 4, gate/up 2. Larger stages mean fewer,
 // longer bulk copies (the planner then keeps fewer stages in the same shared memory). H200 A/B, one
@@ -68,9 +75,12 @@ inline constexpr int kStageRowBlocksGateUp = 2;
 inline constexpr int kActStride = kActBlockBytes + 16;
 
 __host__ __device__ constexpr int rows_per_tile(int rows_per_warp) { return kWarpsPerBlock * rows_per_warp; }
-__host__ __device__ inline std::int64_t num_tiles(const GemvTileParams& p) {
-  return (p.n + rows_per_tile(p.rows_per_warp) - 1) / rows_per_tile(p.rows_per_warp);
+__host__ __device__ inline std::int64_t tile_rows(const GemvTileParams& p) {
+  return p.mma ? kMmaTileRows : rows_per_tile(p.rows_per_warp);
 }
+__host__ __device__ inline std::int64_t num_tiles(const GemvTileParams& p) { return (p.n + tile_rows(p) - 1) / tile_rows(p); }
+// K blocks [begin, end) warp w covers in an mma-core tile: contiguous, sizes differing by at most one.
+__host__ __device__ inline int mma_k_begin(const GemvTileParams& p, int warp) { return p.k_blocks * warp / kWarpsPerBlock; }
 // Rows per group: the activations of one load serve this many rows. Only 4 tokens of one matrix
 // use 2: at 8-16 tokens one row per group measured fastest on every Kimi and Llama shape but the
 // tallest (H200 A/B at 16 tokens, rows per group 4 / 2 / 1: 4096 x 2304 47.9 / 28.5 / 23.2 us,
@@ -112,8 +122,11 @@ struct GemvSmem {
     block_ss = a.take<float>(std::size_t(ntok) * chunk_blocks);
     total_ss = a.take<float>(kMaxTokens);
     inv_rms = a.take<float>(kMaxTokens);
+    // mma core: each warp's partial sums of a tile, [warp][matrix][token tile][element][lane].
+    partials = p.mma ? a.take<float>(std::size_t(kWarpsPerBlock) * nmat * (ntok / 8) * 4 * 32) : nullptr;
     bytes = a.used();
   }
+  float* partials;
   std::size_t bytes;
   __device__ char* act_block(int token, int j) const { return act + (std::size_t(token) * chunk_blocks + j) * kActStride; }
 };
@@ -139,14 +152,17 @@ struct TileState {
 namespace detail {
 
 // Copies the producer's next stage into its ring buffer (nothing once the block's tiles are done).
-template <int NMAT>
+// MMA: the mma core's pipe, where every warp streams the tile's rows over its own K range.
+template <int NMAT, bool MMA = false>
 __device__ __forceinline__ void issue_stage(const GemvTileParams& p, WeightPipe& pipe, std::uint64_t policy) {
   if (pipe.next_tile >= pipe.tiles) return;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, R = p.rows_per_warp;
+  const int k_begin = MMA ? mma_k_begin(p, warp) : 0, k_end = MMA ? mma_k_begin(p, warp + 1) : p.k_blocks;
+  if (MMA && k_begin == k_end) return;
   const std::uint32_t slot = pipe.issued % std::uint32_t(p.stages);
-  const int kb0 = pipe.next_stage * p.stage_blocks;
-  const int nb = min(p.stage_blocks, p.k_blocks - kb0);
-  const std::int64_t row0 = pipe.next_tile * rows_per_tile(R) + warp * R;
+  const int kb0 = k_begin + pipe.next_stage * p.stage_blocks;
+  const int nb = min(p.stage_blocks, k_end - kb0);
+  const std::int64_t row0 = MMA ? pipe.next_tile * kMmaTileRows : pipe.next_tile * rows_per_tile(R) + warp * R;
   const std::int64_t left = p.n - row0;
   const int valid = left <= 0 ? 0 : left < R ? int(left) : R;
   const std::uint32_t bytes = std::uint32_t(nb) * q4k::kBlockBytes;
@@ -159,7 +175,7 @@ __device__ __forceinline__ void issue_stage(const GemvTileParams& p, WeightPipe&
                                   &pipe.bars[slot], policy);
   }
   ++pipe.issued;
-  if (++pipe.next_stage * p.stage_blocks >= p.k_blocks) {
+  if (k_begin + ++pipe.next_stage * p.stage_blocks >= k_end) {
     pipe.next_stage = 0;
     pipe.next_tile += pipe.tile_stride;
   }
@@ -169,7 +185,7 @@ __device__ __forceinline__ void issue_stage(const GemvTileParams& p, WeightPipe&
 
 // Sets up the calling warp's ring (barriers, first `stages` copies) for tiles first_tile,
 // first_tile + tile_stride, ... < tiles. Reads only weights: may run before the PDL wait.
-template <int NMAT>
+template <int NMAT, bool MMA = false>
 __device__ WeightPipe start_weight_pipe(const GemvTileParams& p, const GemvSmem& s, std::int64_t first_tile,
                                         std::int64_t tile_stride) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -186,7 +202,7 @@ __device__ WeightPipe start_weight_pipe(const GemvTileParams& p, const GemvSmem&
   }
   __syncwarp();
   const std::uint64_t policy = q4k::device::evict_first_policy();
-  for (int i = 0; i < p.stages; ++i) detail::issue_stage<NMAT>(p, pipe, policy);
+  for (int i = 0; i < p.stages; ++i) detail::issue_stage<NMAT, MMA>(p, pipe, policy);
   return pipe;
 }
 
@@ -249,6 +265,46 @@ __device__ __forceinline__ void accumulate_rms(const GemvTileParams& p, int kb0,
   }
 }
 
+// Writes output (row, token t) from the row's gate (or only) sum g and up sum u, before the RMS
+// scale: the epilogue of every core.
+__device__ __forceinline__ void store_output(const GemvTileParams& p, const GemvSmem& s, std::int64_t row, int t,
+                                             float g, float u) {
+  const float scale = p.gamma ? s.inv_rms[t] : 1.f;
+  const std::int64_t at = t * p.out_stride + row;
+  g *= scale;
+  if (p.epilogue == Epilogue::kStore) {
+    p.out[0][at] = p.residual ? g + p.residual[at] : g;
+  } else {
+    u *= scale;
+    if (p.epilogue == Epilogue::kSiluMul) {
+      p.out[0][at] = g / (1.f + expf(-g)) * u;
+    } else {
+      p.out[0][at] = g;
+      p.out[1][at] = u;
+    }
+  }
+}
+
+// Tile 0 writes rmsnorm(x) * gamma when asked.
+__device__ __forceinline__ void store_normalized(const GemvTileParams& p, const GemvSmem& s, std::int64_t tile) {
+  if (!p.normalized || tile != 0) return;
+  const std::int64_t k = std::int64_t(p.k_blocks) * 256;
+  for (int t = 0; t < p.batch; ++t)
+    for (std::int64_t j = threadIdx.x; j < k; j += kBlockThreads)
+      p.normalized[t * k + j] = p.x[t * p.x_stride + j] * s.inv_rms[t] * p.gamma[j];
+}
+
+// Quantises chunk [kb0, kb0 + nbc) of the activations (and its RMS sums) unless they are cached.
+__device__ __forceinline__ void load_chunk(const GemvTileParams& p, int kb0, int nbc, const GemvSmem& s) {
+  __syncthreads();  // the previous chunk's readers are done
+  quantize_chunk(p, kb0, nbc, s);
+  __syncthreads();
+  if (p.gamma) {
+    accumulate_rms(p, kb0, nbc, s);
+    __syncthreads();
+  }
+}
+
 }  // namespace detail
 
 // Runs one tile: the calling block's TileState must have been started for the sequence of tiles
@@ -280,15 +336,7 @@ __device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, const Gemv
 
   for (int kb0 = 0; kb0 < p.k_blocks; kb0 += p.chunk_blocks) {
     const int nbc = min(p.chunk_blocks, p.k_blocks - kb0);
-    if (quantize) {
-      __syncthreads();  // the previous chunk's readers are done
-      detail::quantize_chunk(p, kb0, nbc, s);
-      __syncthreads();
-      if (p.gamma) {
-        detail::accumulate_rms(p, kb0, nbc, s);
-        __syncthreads();
-      }
-    }
+    if (quantize) detail::load_chunk(p, kb0, nbc, s);
     for (int ks0 = kb0; ks0 < kb0 + nbc; ks0 += p.stage_blocks) {
       const int nb = min(p.stage_blocks, p.k_blocks - ks0);
       const std::uint32_t slot = pipe.consumed % std::uint32_t(p.stages);
@@ -345,29 +393,109 @@ __device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, const Gemv
     for (int t = 0; t < NTOK; ++t) {
       if (t >= p.batch) break;
       if (t % lanes_per_row != my_index) continue;
-      const float scale = p.gamma ? s.inv_rms[t] : 1.f;
-      const std::int64_t at = t * p.out_stride + row;
-      const float g = acc[0][i][t] * scale;
-      if (p.epilogue == Epilogue::kStore) {
-        p.out[0][at] = p.residual ? g + p.residual[at] : g;
-      } else {
-        const float u = acc[NMAT - 1][i][t] * scale;
-        if (p.epilogue == Epilogue::kSiluMul) {
-          p.out[0][at] = g / (1.f + expf(-g)) * u;
-        } else {
-          p.out[0][at] = g;
-          p.out[1][at] = u;
+      detail::store_output(p, s, row, t, acc[0][i][t], acc[NMAT - 1][i][t]);
+    }
+  }
+  detail::store_normalized(p, s, tile);
+}
+
+// The int8 tensor-core body (q4k_mma.cuh) for 5..16 tokens. A tile is kMmaTileRows rows of each
+// matrix; warp w takes K blocks [mma_k_begin(w), mma_k_begin(w + 1)) and lane (g, t) holds rows g and
+// g + 8 and tokens 2t, 2t + 1 of every 8-token tile. The warps' partial sums meet in shared memory
+// and are added in warp order. Needs all of K's activations in one chunk. The K order of the sums
+// differs from the dp4a body's, so the two cores round differently.
+template <int NTOK, int NMAT>
+__device__ void gemv_tile_mma(const GemvTileParams& p, std::int64_t tile, const GemvSmem& s, TileState& state) {
+  static_assert(NTOK % 8 == 0, "the mma core takes 8-token tiles");
+  constexpr int kTokenTiles = NTOK / 8, kRows = kMmaTileRows, kSums = NMAT * kTokenTiles * 4;
+  WeightPipe& pipe = state.pipe;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  // The dp4a core's padded pitch: an unpadded one (rows 8 banks apart for the mma lanes) measured
+  // the same for one matrix and 4-9% slower for gate/up at 16 tokens (H200, bench/RESULTS.md).
+  const int pitch = stage_pitch(p.stage_blocks);
+  const std::uint64_t policy = q4k::device::evict_first_policy();
+  if (!state.act_cached) detail::load_chunk(p, 0, p.k_blocks, s);
+  state.act_cached = true;
+
+  float acc[NMAT][kTokenTiles][4];
+#pragma unroll
+  for (int m = 0; m < NMAT; ++m)
+#pragma unroll
+    for (int nt = 0; nt < kTokenTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[m][nt][e] = 0.f;
+
+  const int k_begin = mma_k_begin(p, warp), k_end = mma_k_begin(p, warp + 1);
+  for (int ks0 = k_begin; ks0 < k_end; ks0 += p.stage_blocks) {
+    const int nb = min(p.stage_blocks, k_end - ks0);
+    const std::uint32_t slot = pipe.consumed % std::uint32_t(p.stages);
+    stream::barrier_wait(&pipe.bars[slot], (pipe.consumed / std::uint32_t(p.stages)) & 1u);
+    const char* stage = pipe.ring + slot * pipe.stage_size;
+    for (int jb = 0; jb < nb; ++jb) {
+      const int kb = ks0 + jb;
+#pragma unroll
+      for (int m = 0; m < NMAT; ++m) {
+        // This lane's rows (g, g + 8) of matrix m; it decodes their scale/min pair t, and the
+        // lanes of its group share theirs by shuffles.
+        const char* rows[2];
+        q4k::device::SubBlockPair own[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          rows[r] = stage + (m * kRows + g + 8 * r) * pitch + jb * q4k::kBlockBytes;
+          own[r] = q4k::device::decode_pair(*reinterpret_cast<const uint4*>(rows[r]), t);
+        }
+#pragma unroll 1
+        for (int pr = 0; pr < 4; ++pr) {
+          const uint2 w0 = *reinterpret_cast<const uint2*>(rows[0] + 16 + 32 * pr + 8 * t);
+          const uint2 w1 = *reinterpret_cast<const uint2*>(rows[1] + 16 + 32 * pr + 8 * t);
+          const mma::PairFragments frag = mma::pair_fragments(w0, w1);
+          const q4k::device::SubBlockPair sp[2] = {mma::shuffle_pair(own[0], 4 * g + pr),
+                                                   mma::shuffle_pair(own[1], 4 * g + pr)};
+#pragma unroll
+          for (int nt = 0; nt < kTokenTiles; ++nt) {
+            const char* act = s.act_block(nt * 8 + g, kb);
+            const uint2 b_lo = *reinterpret_cast<const uint2*>(act + 32 * pr + 8 * t);
+            const uint2 b_hi = *reinterpret_cast<const uint2*>(act + 128 + 32 * pr + 8 * t);
+            const stream::PairActScales as[2] = {stream::pair_act_scales(s.act_block(nt * 8 + 2 * t, kb), pr),
+                                                 stream::pair_act_scales(s.act_block(nt * 8 + 2 * t + 1, kb), pr)};
+            int c_lo[4], c_hi[4];
+            mma::mma_s8_16832(c_lo, frag.lo, b_lo.x, b_lo.y);
+            mma::mma_s8_16832(c_hi, frag.hi, b_hi.x, b_hi.y);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[m][nt][e] += stream::pair_term(sp[e / 2], as[e % 2], c_lo[e], c_hi[e]);
+          }
         }
       }
     }
+    __syncwarp();  // every lane is done with the buffer before it is refilled
+    ++pipe.consumed;
+    detail::issue_stage<NMAT, true>(p, pipe, policy);
   }
 
-  if (p.normalized && tile == 0) {
-    const std::int64_t k = std::int64_t(p.k_blocks) * 256;
-    for (int t = 0; t < p.batch; ++t)
-      for (std::int64_t j = threadIdx.x; j < k; j += kBlockThreads)
-        p.normalized[t * k + j] = p.x[t * p.x_stride + j] * s.inv_rms[t] * p.gamma[j];
+  // The warps' partial sums, added in warp order: [warp][sum][lane].
+  __syncthreads();  // the previous tile's readers of `partials` are done
+  float* mine = s.partials + std::size_t(warp) * kSums * 32;
+#pragma unroll
+  for (int m = 0; m < NMAT; ++m)
+#pragma unroll
+    for (int nt = 0; nt < kTokenTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mine[((m * kTokenTiles + nt) * 4 + e) * 32 + lane] = acc[m][nt][e];
+  __syncthreads();
+  // Thread i finishes element (token tile, e) of lane i % 32 for every matrix.
+  for (int i = threadIdx.x; i < kTokenTiles * 4 * 32; i += kBlockThreads) {
+    const int l = i % 32, nt = i / 128, e = (i / 32) % 4;
+    float sum[NMAT];
+#pragma unroll
+    for (int m = 0; m < NMAT; ++m) {
+      sum[m] = 0.f;
+      for (int w = 0; w < kWarpsPerBlock; ++w) sum[m] += s.partials[(std::size_t(w) * kSums + (m * kTokenTiles + nt) * 4 + e) * 32 + l];
+    }
+    const std::int64_t row = tile * kRows + l / 4 + 8 * (e / 2);
+    const int token = nt * 8 + 2 * (l % 4) + e % 2;
+    if (row < p.n && token < p.batch) detail::store_output(p, s, row, token, sum[0], sum[NMAT - 1]);
   }
+  detail::store_normalized(p, s, tile);
 }
 
 }  // namespace encore::gemv

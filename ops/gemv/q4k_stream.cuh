@@ -105,25 +105,42 @@ __device__ __forceinline__ QuadWeights decode_quad(const char* block, int p, con
   return w;
 }
 
-struct QuadActivations {
-  int lo[8], hi[8];
+// One token's int8 scales and sums of the unquantised values of sub-blocks 2p and 2p+1, from an
+// activation block (activation_q8.cuh: meta[2p] = {d_lo, d_hi, sum_lo, sum_hi} of positions 0..15,
+// meta[2p+1].zw the sums of positions 16..31).
+struct PairActScales {
   float d_lo, d_hi;  // int8 scales of sub-blocks 2p and 2p+1
   float s_lo, s_hi;  // sums of their 32 unquantised values (two 16-value sums each)
+};
+__device__ __forceinline__ PairActScales pair_act_scales(const char* act, int p) {
+  const float4 m0 = *reinterpret_cast<const float4*>(act + 256 + 32 * p);       // meta[2p]
+  const float2 m1 = *reinterpret_cast<const float2*>(act + 256 + 32 * p + 24);  // meta[2p+1].zw
+  return {m0.x, m0.y, m0.z + m1.x, m0.w + m1.y};
+}
+
+// A pair's contribution to one (row, token) sum from the int32 dots of its two sub-blocks:
+//   D_lo*d_lo*dot_lo + D_hi*d_hi*dot_hi - (M_lo*S_lo + M_hi*S_hi)
+__device__ __forceinline__ float pair_term(const q4k::device::SubBlockPair& w, const PairActScales& a, int dot_lo,
+                                           int dot_hi) {
+  return (w.scale_lo * a.d_lo) * float(dot_lo) + (w.scale_hi * a.d_hi) * float(dot_hi) -
+         (w.min_lo * a.s_lo + w.min_hi * a.s_hi);
+}
+
+struct QuadActivations {
+  int lo[8], hi[8];
+  PairActScales scales;
 };
 
 // `act` is one token's kActBlockBytes block in shared memory.
 __device__ __forceinline__ QuadActivations load_quad_activations(const char* act, int p) {
   const int4 l0 = *reinterpret_cast<const int4*>(act + 32 * p), l1 = *reinterpret_cast<const int4*>(act + 32 * p + 16);
   const int4 h0 = *reinterpret_cast<const int4*>(act + 128 + 32 * p), h1 = *reinterpret_cast<const int4*>(act + 144 + 32 * p);
-  const float4 m0 = *reinterpret_cast<const float4*>(act + 256 + 32 * p);       // meta[2p]
-  const float2 m1 = *reinterpret_cast<const float2*>(act + 256 + 32 * p + 24);  // meta[2p+1].zw
   return {{l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w},
           {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w},
-          m0.x, m0.y, m0.z + m1.x, m0.w + m1.y};
+          pair_act_scales(act, p)};
 }
 
-// sum over the lane's 64 weights of w_j * a_j, with a_j the int8 activations:
-//   D_lo*d_lo*dot_lo + D_hi*d_hi*dot_hi - (M_lo*S_lo + M_hi*S_hi)
+// sum over the lane's 64 weights of w_j * a_j, with a_j the int8 activations.
 __device__ __forceinline__ float quad_dot(const QuadWeights& w, const QuadActivations& a) {
   int dot_lo = 0, dot_hi = 0;
 #pragma unroll
@@ -131,8 +148,7 @@ __device__ __forceinline__ float quad_dot(const QuadWeights& w, const QuadActiva
     dot_lo = __dp4a(w.lo[i], a.lo[i], dot_lo);
     dot_hi = __dp4a(w.hi[i], a.hi[i], dot_hi);
   }
-  return (w.sp.scale_lo * a.d_lo) * float(dot_lo) + (w.sp.scale_hi * a.d_hi) * float(dot_hi) -
-         (w.sp.min_lo * a.s_lo + w.sp.min_hi * a.s_hi);
+  return pair_term(w.sp, a.scales, dot_lo, dot_hi);
 }
 
 }  // namespace encore::gemv::stream

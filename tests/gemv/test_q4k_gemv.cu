@@ -57,17 +57,20 @@ void expect_within(const std::vector<T>& got, const Expectation& e, const char* 
 struct Case {
   std::int64_t n, k;
   int batch;
+  ops::GemvCore core = ops::GemvCore::kAuto;
+  ops::GemvLaunch launch() const { return {true, core}; }
 };
 std::string case_name(const testing::TestParamInfo<Case>& info) {
-  return "n" + std::to_string(info.param.n) + "_k" + std::to_string(info.param.k) + "_b" + std::to_string(info.param.batch);
+  const char* core = info.param.core == ops::GemvCore::kDp4a ? "_dp4a" : info.param.core == ops::GemvCore::kMma ? "_mma" : "";
+  return "n" + std::to_string(info.param.n) + "_k" + std::to_string(info.param.k) + "_b" + std::to_string(info.param.batch) + core;
 }
 
 std::vector<Case> grid(std::initializer_list<std::int64_t> ns, std::initializer_list<std::int64_t> ks,
-                       std::initializer_list<int> batches) {
+                       std::initializer_list<int> batches, ops::GemvCore core = ops::GemvCore::kAuto) {
   std::vector<Case> out;
   for (auto n : ns)
     for (auto k : ks)
-      for (int b : batches) out.push_back({n, k, b});
+      for (int b : batches) out.push_back({n, k, b, core});
   return out;
 }
 
@@ -190,7 +193,7 @@ TEST_P(Q4kGemvTest, MatchesReference) {
     p.dy.poison();
     ops::Q4kGemvParams a = p.plain_params();
     a.residual = with_residual ? p.dresidual.get() : nullptr;
-    ENCORE_OK(ops::q4k_gemv(a, nullptr));
+    ENCORE_OK(ops::q4k_gemv(a, nullptr, c.launch()));
     auto y = p.dy.download();
     std::vector<double> expected(y.size());
     ref::q4k_gemv(p.w.data(), c.n, c.k, p.x.data(), c.batch, p.x_stride, with_residual ? p.residual.data() : nullptr, expected.data());
@@ -218,7 +221,7 @@ TEST_P(RmsNormQ4kGemvTest, MatchesReference) {
   a.n = c.n;
   a.k = c.k;
   a.batch = c.batch;
-  ENCORE_OK(ops::rmsnorm_q4k_gemv(a, nullptr));
+  ENCORE_OK(ops::rmsnorm_q4k_gemv(a, nullptr, c.launch()));
   auto y = p.dy.download();
   auto n_gpu = normalized.download();
   std::vector<double> expected(y.size()), n_ref(n_gpu.size());
@@ -244,7 +247,7 @@ TEST_P(GateUpQ4kGemvTest, MatchesReference) {
       a.gamma = with_norm ? p.dgamma.get() : nullptr;
       a.output = raw ? ops::GateUpOutput::kRaw : ops::GateUpOutput::kSiluMul;
       a.up_out = raw ? p.dy2.get() : nullptr;
-      ENCORE_OK(ops::gate_up_q4k_gemv(a, nullptr));
+      ENCORE_OK(ops::gate_up_q4k_gemv(a, nullptr, c.launch()));
       auto h = p.dy.download();
       std::vector<double> expected(h.size()), expected_up(h.size());
       ref::gate_up_q4k_gemv(p.w.data(), p.w2.data(), c.n, c.k, p.x.data(), with_norm ? p.gamma.data() : nullptr, 1e-5,
@@ -281,14 +284,21 @@ TEST_P(GateUpQ4kGemvTest, MatchesReference) {
 
 // The issue's grid: N in {1, 37, 4096} x K in {256, 2304, 4096, 14336} x batch {1, 3, 16}; the
 // lm_head-like N = 163840 runs at its real K = 2304 only (at K = 14336 the matrix is 1.3 GB and the
-// fp64 references cost tens of GFLOP per case).
-const auto kShapes = grid({1, 37, 4096}, {256, 2304, 4096, 14336}, {1, 3, 16});
+// fp64 references cost tens of GFLOP per case). Batches 5 and 16 run the mma core by default
+// (K = 14336 at 16 tokens falls back to dp4a: its activations do not fit one chunk); the Dp4a
+// suites force the dp4a core where the mma core is the default.
+const auto kShapes = grid({1, 37, 4096}, {256, 2304, 4096, 14336}, {1, 3, 5, 16});
+const auto kDp4aShapes = grid({37, 4096}, {256, 2304, 14336}, {5, 16}, ops::GemvCore::kDp4a);
 INSTANTIATE_TEST_SUITE_P(Shapes, Q4kGemvTest, testing::ValuesIn(kShapes), case_name);
+INSTANTIATE_TEST_SUITE_P(Dp4a, Q4kGemvTest, testing::ValuesIn(kDp4aShapes), case_name);
 INSTANTIATE_TEST_SUITE_P(LmHead, Q4kGemvTest, testing::ValuesIn(grid({163840}, {2304}, {1, 3, 16})), case_name);
 INSTANTIATE_TEST_SUITE_P(Shapes, RmsNormQ4kGemvTest, testing::ValuesIn(kShapes), case_name);
+INSTANTIATE_TEST_SUITE_P(Dp4a, RmsNormQ4kGemvTest, testing::ValuesIn(kDp4aShapes), case_name);
 INSTANTIATE_TEST_SUITE_P(LmHead, RmsNormQ4kGemvTest, testing::ValuesIn(grid({163840}, {2304}, {1, 16})), case_name);
-INSTANTIATE_TEST_SUITE_P(Shapes, GateUpQ4kGemvTest, testing::ValuesIn(grid({1, 37, 1024, 4096}, {256, 2304, 4096, 14336}, {1, 3, 16})),
+INSTANTIATE_TEST_SUITE_P(Shapes, GateUpQ4kGemvTest, testing::ValuesIn(grid({1, 37, 1024, 4096}, {256, 2304, 4096, 14336}, {1, 3, 5, 16})),
                          case_name);
+INSTANTIATE_TEST_SUITE_P(Dp4a, GateUpQ4kGemvTest, testing::ValuesIn(kDp4aShapes), case_name);
+
 
 // Same inputs, same bits: repeated launches and graph replays.
 TEST(Q4kGemvDeterminism, RepeatsAndGraphReplaysAreBitIdentical) {

@@ -5,6 +5,7 @@
 // W is N x K Q4_K (GGUF layout: row r = K/256 consecutive blocks), fp32 activations and outputs.
 // Activations are quantised to int8 per 32 values inside the kernel (specs/q4k.md §8); the
 // result differs from fp32 math by ~0.5% relative L2 on Gaussian data (see ref::q4k_gemv_int8).
+// The int8 dot products run on dp4a (1..4 tokens) or int8 tensor cores (5..16, GemvCore).
 #pragma once
 
 #include <cstdint>
@@ -62,9 +63,19 @@ struct GateUpQ4kGemvParams {
   std::int64_t x_stride = 0, h_stride = 0;
 };
 
+// The dot-product core. Both quantise the activations the same way; their fp32 sums run in a
+// different order (results agree to rounding, not bit for bit).
+enum class GemvCore {
+  kAuto,  // dp4a below kGemvMmaMinBatch tokens, int8 mma from there (when its plan fits)
+  kDp4a,  // dp4a on CUDA cores, every batch
+  kMma,   // int8 mma.sync (specs/q4k.md §9) for batches of 5..16 tokens (its 8 / 16 tiers); dp4a below
+};
+inline constexpr int kGemvMmaMinBatch = 5;
+
 // Launch options shared by the family.
 struct GemvLaunch {
   bool pdl = true;  // launch as a programmatic dependent of the previous kernel in the stream
+  GemvCore core = GemvCore::kAuto;
 };
 
 // The launchers' argument checks alone (dims, null / misaligned pointers, overlaps), without a
