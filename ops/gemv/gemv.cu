@@ -164,6 +164,9 @@ Status plan_launch(GemvTileParams& p, int ntok, int nmat, std::size_t& smem, Gem
 }
 
 Status launch_gemv(GemvTileParams p, int nmat, cudaStream_t stream, GemvLaunch options) {
+  ENCORE_REQUIRE(options.core == GemvCore::kAuto || options.core == GemvCore::kDp4a || options.core == GemvCore::kMma,
+                 StatusCode::kInvalidArgument, "q4k gemv: GemvLaunch::core must be kAuto, kDp4a or kMma (got ",
+                 int(options.core), ")");
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   const int sms = detail::sm_count();
   return dispatch_tokens(p.batch, [&](auto ntok) -> Status {
