@@ -482,9 +482,9 @@ __device__ void gemv_tile_mma(const GemvTileParams& p, std::int64_t tile, const 
 #pragma unroll
       for (int e = 0; e < 4; ++e) mine[((m * kTokenTiles + nt) * 4 + e) * 32 + lane] = acc[m][nt][e];
   __syncthreads();
-  // Thread i finishes element (token tile, e) of lane i % 32 for every matrix.
+  // Thread i finishes element e of token tile nt held by lane l, for every matrix.
   for (int i = threadIdx.x; i < kTokenTiles * 4 * 32; i += kBlockThreads) {
-    const int l = i % 32, nt = i / 128, e = (i / 32) % 4;
+    const int l = i % 32, e = (i / 32) % 4, nt = i / (4 * 32);
     float sum[NMAT];
 #pragma unroll
     for (int m = 0; m < NMAT; ++m) {

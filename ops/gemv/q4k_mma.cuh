@@ -1,7 +1,7 @@
 // Int8 tensor-core core of the Q4_K GEMV for 5..16 tokens (specs/q4k.md §9): one
 // mma.sync.m16n8k32 per sub-block, A = the 4-bit codes of 16 weight rows, B = the int8 codes of 8
-// tokens, exact int32 dots; the sub-block scales and mins are applied in fp32 afterwards, in the
-// same per-pair form as the dp4a core (q4k_stream.cuh).
+// tokens, exact int32 dots; the sub-block scales and mins are applied in fp32 afterwards by the
+// dp4a core's own per-pair expression (stream::pair_term).
 //
 // k order: a lane (group g = lane / 4, t = lane % 4) reads 8 contiguous bytes at offset 8t of a
 // 32-byte qs chunk and gives bytes 8t..8t+3 the mma's k slots 4t..4t+3 and bytes 8t+4..8t+7 the
