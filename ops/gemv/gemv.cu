@@ -147,16 +147,17 @@ bool plan_mma(GemvTileParams& p, int ntok, int nmat) {
   return true;
 }
 
-// Which core runs ntok tokens: the mma core from kGemvMmaMinBatch tokens (its 8 / 16 tiers) when
-// asked or by default, if its plan fits.
-bool use_mma(GemvCore core, int batch) {
-  return core == GemvCore::kMma || (core == GemvCore::kAuto && batch >= kGemvMmaMinBatch);
+// Whether the mma core runs ntok tokens: from kGemvMmaMinBatch tokens (its 8 / 16 tiers) when
+// asked or by default, if its plan fits; sets p's plan then.
+bool plan_mma_if_chosen(GemvTileParams& p, int ntok, int nmat, GemvCore core) {
+  const bool wanted = core == GemvCore::kMma || (core == GemvCore::kAuto && p.batch >= kGemvMmaMinBatch);
+  return ntok >= 8 && wanted && plan_mma(p, ntok, nmat);
 }
 
 // The device-dependent plan (row split, stages) of p for ntok tokens and its shared memory.
 // Validation runs it too, so a shape the device cannot hold fails before any stage launches.
 Status plan_launch(GemvTileParams& p, int ntok, int nmat, std::size_t& smem, GemvCore core) {
-  if (!(ntok >= 8 && use_mma(core, p.batch) && plan_mma(p, ntok, nmat))) plan(p, ntok, nmat, detail::sm_count());
+  if (!plan_mma_if_chosen(p, ntok, nmat, core)) plan(p, ntok, nmat, detail::sm_count());
   smem = smem_bytes(p, ntok, nmat);
   ENCORE_REQUIRE(smem <= kSmemOnePerSm, StatusCode::kUnsupported, "q4k gemv: n = ", p.n, ", k = ", p.k_blocks * 256,
                  ", batch = ", p.batch, ": no shared-memory plan fits (", smem, " bytes)");
@@ -267,6 +268,16 @@ Status check_plan(const Shape& s, int nmat) {
 }
 
 }  // namespace
+
+GemvCore q4k_gemv_core(std::int64_t k, int batch, int num_matrices, GemvCore requested) {
+  if (k < 256 || k % 256 != 0 || batch < 1 || batch > kMaxGemvBatch || (num_matrices != 1 && num_matrices != 2))
+    return GemvCore::kDp4a;  // such a launch fails validation; nothing runs
+  GemvTileParams p{};
+  p.k_blocks = int(k / 256);
+  p.batch = batch;
+  const int ntok = batch <= 4 ? 4 : batch <= 8 ? 8 : 16;  // dispatch_tokens' tier (only >= 8 matters)
+  return plan_mma_if_chosen(p, ntok, num_matrices, requested) ? GemvCore::kMma : GemvCore::kDp4a;
+}
 
 Status q4k_gemv_validate(const Q4kGemvParams& a) {
   const Shape s = shape_of(a);

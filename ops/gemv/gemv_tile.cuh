@@ -73,6 +73,7 @@ inline constexpr int kStageRowBlocksGateUp = 2;
 // Bytes between two tokens' / blocks' activations: 16 more than a block, so the two groups of a
 // quarter warp that read neighbouring blocks (G = 1) hit different banks.
 inline constexpr int kActStride = kActBlockBytes + 16;
+static_assert(kActStride % 16 == 0, "activation slots are cleared and read in 16-byte vectors");
 
 __host__ __device__ constexpr int rows_per_tile(int rows_per_warp) { return kWarpsPerBlock * rows_per_warp; }
 __host__ __device__ inline std::int64_t tile_rows(const GemvTileParams& p) {
@@ -305,6 +306,16 @@ __device__ __forceinline__ void load_chunk(const GemvTileParams& p, int kb0, int
   }
 }
 
+// The mma core multiplies whole 8-token tiles: the activation slots of tokens batch..ntok-1 get
+// zero codes and scales, so no product reads uninitialised shared memory (their outputs are never
+// stored).
+__device__ __forceinline__ void zero_missing_tokens(const GemvTileParams& p, int ntok, const GemvSmem& s) {
+  const int vectors = (ntok - p.batch) * s.chunk_blocks * kActStride / 16;
+  int4* first = reinterpret_cast<int4*>(s.act_block(p.batch, 0));
+  for (int i = threadIdx.x; i < vectors; i += kBlockThreads) first[i] = make_int4(0, 0, 0, 0);
+  __syncthreads();
+}
+
 }  // namespace detail
 
 // Runs one tile: the calling block's TileState must have been started for the sequence of tiles
@@ -414,7 +425,10 @@ __device__ void gemv_tile_mma(const GemvTileParams& p, std::int64_t tile, const 
   // the same for one matrix and 4-9% slower for gate/up at 16 tokens (H200, bench/RESULTS.md).
   const int pitch = stage_pitch(p.stage_blocks);
   const std::uint64_t policy = q4k::device::evict_first_policy();
-  if (!state.act_cached) detail::load_chunk(p, 0, p.k_blocks, s);
+  if (!state.act_cached) {
+    detail::load_chunk(p, 0, p.k_blocks, s);
+    detail::zero_missing_tokens(p, NTOK, s);
+  }
   state.act_cached = true;
 
   float acc[NMAT][kTokenTiles][4];

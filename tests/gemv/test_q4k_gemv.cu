@@ -284,9 +284,10 @@ TEST_P(GateUpQ4kGemvTest, MatchesReference) {
 
 // The issue's grid: N in {1, 37, 4096} x K in {256, 2304, 4096, 14336} x batch {1, 3, 16}; the
 // lm_head-like N = 163840 runs at its real K = 2304 only (at K = 14336 the matrix is 1.3 GB and the
-// fp64 references cost tens of GFLOP per case). Batches 5 and 16 run the mma core by default
-// (K = 14336 at 16 tokens falls back to dp4a: its activations do not fit one chunk); the Dp4a
-// suites force the dp4a core where the mma core is the default.
+// fp64 references cost tens of GFLOP per case). Batches 5 and 16 run the mma core by default,
+// except where its activations do not fit one chunk (K = 14336; gate/up at K = 4096 and 16
+// tokens), which run dp4a: ops::q4k_gemv_core says which, and Q4kGemvCore.ChoiceByBatchAndK pins
+// it. The Dp4a suites force the dp4a core where the mma core is the default.
 const auto kShapes = grid({1, 37, 4096}, {256, 2304, 4096, 14336}, {1, 3, 5, 16});
 const auto kDp4aShapes = grid({37, 4096}, {256, 2304, 14336}, {5, 16}, ops::GemvCore::kDp4a);
 INSTANTIATE_TEST_SUITE_P(Shapes, Q4kGemvTest, testing::ValuesIn(kShapes), case_name);

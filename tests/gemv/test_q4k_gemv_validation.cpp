@@ -146,5 +146,25 @@ TEST(Q4kGemvValidation, ValidatorsWithoutLaunching) {
   EXPECT_EQ(ops::gate_up_q4k_gemv(g, nullptr).code(), StatusCode::kInvalidArgument);
 }
 
+// Which core the launcher runs: the GPU suites' batch 5 and 16 cases are the mma core's except
+// where its activations do not fit one shared-memory chunk (gate/up at K = 4096 and 16 tokens,
+// K = 14336); their Dp4a suites force the other core.
+TEST(Q4kGemvCore, ChoiceByBatchAndK) {
+  using ops::GemvCore;
+  EXPECT_EQ(ops::q4k_gemv_core(2304, 1, 1), GemvCore::kDp4a);
+  EXPECT_EQ(ops::q4k_gemv_core(2304, 4, 2), GemvCore::kDp4a);
+  for (std::int64_t k : {256, 2304, 4096})
+    for (int batch : {5, 16})
+      for (int nmat : {1, 2}) {
+        const bool fits = !(k == 4096 && batch == 16 && nmat == 2);
+        EXPECT_EQ(ops::q4k_gemv_core(k, batch, nmat), fits ? GemvCore::kMma : GemvCore::kDp4a) << k << " " << batch << " " << nmat;
+      }
+  EXPECT_EQ(ops::q4k_gemv_core(14336, 5, 1), GemvCore::kDp4a);
+  EXPECT_EQ(ops::q4k_gemv_core(2304, 16, 1, GemvCore::kDp4a), GemvCore::kDp4a);
+  EXPECT_EQ(ops::q4k_gemv_core(2304, 3, 1, GemvCore::kMma), GemvCore::kDp4a);  // below its 8-token tier
+  EXPECT_EQ(ops::q4k_gemv_core(2304, 5, 2, GemvCore::kMma), GemvCore::kMma);
+  EXPECT_EQ(ops::q4k_gemv_core(1000, 16, 1), GemvCore::kDp4a);  // invalid dims: nothing runs
+}
+
 }  // namespace
 }  // namespace encore

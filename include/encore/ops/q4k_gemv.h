@@ -78,6 +78,11 @@ struct GemvLaunch {
   GemvCore core = GemvCore::kAuto;
 };
 
+// The core a launch with these dims runs for `requested` (kDp4a or kMma; the mma core needs its
+// 8 / 16-token tiers and all of K's activations in one shared-memory chunk). Host only: the
+// choice does not depend on the device. num_matrices: 1 (plain, RMSNorm) or 2 (gate/up).
+GemvCore q4k_gemv_core(std::int64_t k, int batch, int num_matrices, GemvCore requested = GemvCore::kAuto);
+
 // The launchers' argument checks alone (dims, null / misaligned pointers, overlaps), without a
 // device or a launch: a pipeline can check a whole stage table on the host.
 Status q4k_gemv_validate(const Q4kGemvParams& p);
