@@ -105,6 +105,7 @@ struct ExpertStream {
   const char* mat[NMAT];
   std::int64_t matrix_bytes, row_bytes;
   const char* act_src;
+  int num_passes;  // this step's passes (read once, with the item table)
   int items;
 
   // Fills the item table from the work list and starts the weight ring: weights depend only on
@@ -127,7 +128,8 @@ struct ExpertStream {
     }
     // The pass count and the passes this block may get load together (one round trip); entries
     // past the count are stale and dropped.
-    const int total = __ldcg(p.num_passes) * row_groups;
+    num_passes = __ldcg(p.num_passes);
+    const int total = num_passes * row_groups;
     for (int k = threadIdx.x; k < shape.max_items; k += kBlockThreads) {
       const int item = int(blockIdx.x) + k * int(gridDim.x);
       const int4 pass = item / row_groups < p.pass_capacity ? __ldcg(p.passes + item / row_groups) : int4{};
@@ -302,10 +304,9 @@ __device__ inline void down_stream(const ExpertsTileParams& p, const StreamShape
   // release: fence before the count, acquire: fence after reading the final count). The block
   // counts all its items at once, so their round trips overlap.
   __syncthreads();
-  const int num_passes = *p.num_passes;
   for (int k = threadIdx.x; k < stream.items; k += kBlockThreads) {
     __threadfence();
-    const bool last = atomicAdd(p.chunk_done + stream.s.items[k].w, 1) == num_passes - 1;
+    const bool last = atomicAdd(p.chunk_done + stream.s.items[k].w, 1) == stream.num_passes - 1;
     if (last) __threadfence();
     stream.s.last[k] = last;
   }
