@@ -24,6 +24,7 @@ const Shape kShapes[] = {
     {"kimi_qkv_4096x2304", 4096, 2304, false},   {"kimi_oproj_2304x4096", 2304, 4096, false},
     {"kimi_expert_up_1024x2304", 1024, 2304, true}, {"kimi_expert_down_2304x1024", 2304, 1024, false},
     {"kimi_dense_up_9216x2304", 9216, 2304, true},  {"kimi_lm_head_163840x2304", 163840, 2304, false},
+    {"kimi_kda_in_proj_12576x2304", 12576, 2304, false},  // q | k | v | f_a | g_a | b rows of a KDA layer
     {"llama_4096x4096", 4096, 4096, false},          {"llama_up_14336x4096", 14336, 4096, true},
     {"llama_down_4096x14336", 4096, 14336, false},
 };

@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm<NTOK, NMAT>) ge
     gemv::gemv_tile<NTOK, NMAT, gemv::rows_per_group(NTOK, NMAT)>(p, tile, s, state);
 }
 
-// The int8 tensor-core core (8 or 16 tokens): tiles of kMmaTileRows rows, K split over the warps.
+// The int8 tensor-core core (8 or 16 tokens): row groups of kMmaTileRows rows, K split over each group's warps.
 template <int NTOK, int NMAT>
 __global__ void __launch_bounds__(kBlockThreads, 2) gemv_mma_kernel(const __grid_constant__ GemvTileParams p) {
   extern __shared__ __align__(16) char smem[];
@@ -132,32 +132,66 @@ void plan(GemvTileParams& p, int ntok, int nmat, int sms) {
   p = best;
 }
 
-// The mma core's plan: kMmaTileRows rows per tile, every warp streaming them in stages of
-// kMmaStageBlocks blocks; all of K's activations must fit in one chunk. False if they do not.
+// The mma core's plan: row groups of kMmaTileRows rows, every warp streaming its group's rows over
+// its K part in stages of kMmaStageBlocks blocks; all of K's activations must fit in one chunk
+// (false if they do not). The K parts per group (1, 2, 4 or 8; `k_parts` 0 = chosen here) trade
+// balance between the warps of a group (K = 2304 is 9 blocks: 8 parts leave one warp two blocks
+// and seven one) against tiles for the SMs (1 part: 128-row tiles). Fewer than 8 parts only where
+// every block still gets kMmaMinRounds tiles: with fewer, the ramp and the tail of the grid cost
+// more than the balance gains (H200, 16 tokens: lm_head 321 -> 208 us at 1 part; 9216 x 2304,
+// 2.2 tiles per block, 14.9 us at 8 parts against 16.9 at 4 and 20.0 at 1).
 constexpr int kMmaStageBlocks = 2;
-bool plan_mma(GemvTileParams& p, int ntok, int nmat) {
+constexpr double kMmaReduceSteps = 0.5;  // the cross-part reduction, in K-block steps
+constexpr int kMmaMinRounds = 4;
+
+// Steps of the busiest SM: rounds of tiles x blocks per SM x K blocks of the longest part.
+double mma_cost(const GemvTileParams& q, int per_sm, int sms) {
+  const std::int64_t tiles = gemv::num_tiles(q);
+  const std::int64_t grid = std::max<std::int64_t>(1, std::min<std::int64_t>(tiles, std::int64_t(per_sm) * sms));
+  const int parts = 1 << q.mma_part_bits, longest = (q.k_blocks + parts - 1) / parts;
+  return double((tiles + grid - 1) / grid * ((grid + sms - 1) / sms)) * (longest + (parts > 1 ? kMmaReduceSteps : 0.0));
+}
+
+int log2_parts(int parts) { return parts >= 8 ? 3 : parts >= 4 ? 2 : parts >= 2 ? 1 : 0; }
+
+bool plan_mma(GemvTileParams& p, int ntok, int nmat, int sms, int k_parts) {
   GemvTileParams q = p;
   q.mma = true;
   q.rows_per_warp = gemv::kMmaTileRows;
   q.row_groups = 8;
   q.stage_blocks = kMmaStageBlocks;
-  plan_memory(q, ntok, nmat);
+  q.mma_part_bits = log2_parts(kWarpsPerBlock);
+  const int per_sm = plan_memory(q, ntok, nmat);
   if (q.chunk_blocks < q.k_blocks || smem_bytes(q, ntok, nmat) > kSmemOnePerSm) return false;
+  if (k_parts > 0) {
+    q.mma_part_bits = log2_parts(k_parts);
+  } else {
+    double best = -1;
+    int best_bits = q.mma_part_bits;
+    for (int bits = q.mma_part_bits; bits >= 0; --bits) {  // ties keep more parts (more tiles)
+      q.mma_part_bits = bits;
+      if (bits < 3 && gemv::num_tiles(q) < std::int64_t(kMmaMinRounds) * per_sm * sms) break;
+      const double cost = mma_cost(q, per_sm, sms);
+      if (best < 0 || cost < best - 1e-9) best = cost, best_bits = bits;
+    }
+    q.mma_part_bits = best_bits;
+  }
   p = q;
   return true;
 }
 
 // Whether the mma core runs ntok tokens: from kGemvMmaMinBatch tokens (its 8 / 16 tiers) when
 // asked or by default, if its plan fits; sets p's plan then.
-bool plan_mma_if_chosen(GemvTileParams& p, int ntok, int nmat, GemvCore core) {
-  const bool wanted = core == GemvCore::kMma || (core == GemvCore::kAuto && p.batch >= kGemvMmaMinBatch);
-  return ntok >= 8 && wanted && plan_mma(p, ntok, nmat);
+bool plan_mma_if_chosen(GemvTileParams& p, int ntok, int nmat, const GemvLaunch& launch, int sms) {
+  const bool wanted = launch.core == GemvCore::kMma || (launch.core == GemvCore::kAuto && p.batch >= kGemvMmaMinBatch);
+  return ntok >= 8 && wanted && plan_mma(p, ntok, nmat, sms, launch.mma_k_parts);
 }
 
 // The device-dependent plan (row split, stages) of p for ntok tokens and its shared memory.
 // Validation runs it too, so a shape the device cannot hold fails before any stage launches.
-Status plan_launch(GemvTileParams& p, int ntok, int nmat, std::size_t& smem, GemvCore core) {
-  if (!plan_mma_if_chosen(p, ntok, nmat, core)) plan(p, ntok, nmat, detail::sm_count());
+Status plan_launch(GemvTileParams& p, int ntok, int nmat, std::size_t& smem, const GemvLaunch& launch) {
+  const int sms = detail::sm_count();
+  if (!plan_mma_if_chosen(p, ntok, nmat, launch, sms)) plan(p, ntok, nmat, sms);
   smem = smem_bytes(p, ntok, nmat);
   ENCORE_REQUIRE(smem <= kSmemOnePerSm, StatusCode::kUnsupported, "q4k gemv: n = ", p.n, ", k = ", p.k_blocks * 256,
                  ", batch = ", p.batch, ": no shared-memory plan fits (", smem, " bytes)");
@@ -168,12 +202,16 @@ Status launch_gemv(GemvTileParams p, int nmat, cudaStream_t stream, GemvLaunch o
   ENCORE_REQUIRE(options.core == GemvCore::kAuto || options.core == GemvCore::kDp4a || options.core == GemvCore::kMma,
                  StatusCode::kInvalidArgument, "q4k gemv: GemvLaunch::core must be kAuto, kDp4a or kMma (got ",
                  int(options.core), ")");
+  ENCORE_REQUIRE(options.mma_k_parts == 0 || options.mma_k_parts == 1 || options.mma_k_parts == 2 || options.mma_k_parts == 4 ||
+                     options.mma_k_parts == 8,
+                 StatusCode::kInvalidArgument, "q4k gemv: GemvLaunch::mma_k_parts must be 0 (auto), 1, 2, 4 or 8 (got ",
+                 options.mma_k_parts, ")");
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   const int sms = detail::sm_count();
   return dispatch_tokens(p.batch, [&](auto ntok) -> Status {
     constexpr int kTok = decltype(ntok)::value;
     std::size_t smem = 0;
-    ENCORE_RETURN_IF_ERROR(plan_launch(p, kTok, nmat, smem, options.core));
+    ENCORE_RETURN_IF_ERROR(plan_launch(p, kTok, nmat, smem, options));
     auto kernel = nmat == 2 ? gemv_kernel<kTok, 2> : gemv_kernel<kTok, 1>;
     if constexpr (kTok >= 8)
       if (p.mma) kernel = nmat == 2 ? gemv_mma_kernel<kTok, 2> : gemv_mma_kernel<kTok, 1>;
@@ -264,7 +302,9 @@ GemvTileParams base_params(const Shape& s, const float* x, const float* gamma, f
 Status check_plan(const Shape& s, int nmat) {
   GemvTileParams p = base_params(s, nullptr, nullptr, 0.f);
   std::size_t smem = 0;
-  return dispatch_tokens(s.batch, [&](auto ntok) { return plan_launch(p, decltype(ntok)::value, nmat, smem, GemvCore::kDp4a); });
+  GemvLaunch dp4a;
+  dp4a.core = GemvCore::kDp4a;
+  return dispatch_tokens(s.batch, [&](auto ntok) { return plan_launch(p, decltype(ntok)::value, nmat, smem, dp4a); });
 }
 
 }  // namespace
@@ -273,10 +313,13 @@ GemvCore q4k_gemv_core(std::int64_t k, int batch, int num_matrices, GemvCore req
   if (k < 256 || k % 256 != 0 || batch < 1 || batch > kMaxGemvBatch || (num_matrices != 1 && num_matrices != 2))
     return GemvCore::kDp4a;  // such a launch fails validation; nothing runs
   GemvTileParams p{};
+  p.n = 1;  // whether the mma plan fits does not depend on n
   p.k_blocks = int(k / 256);
   p.batch = batch;
   const int ntok = batch <= 4 ? 4 : batch <= 8 ? 8 : 16;  // dispatch_tokens' tier (only >= 8 matters)
-  return plan_mma_if_chosen(p, ntok, num_matrices, requested) ? GemvCore::kMma : GemvCore::kDp4a;
+  GemvLaunch launch;
+  launch.core = requested;
+  return plan_mma_if_chosen(p, ntok, num_matrices, launch, 1) ? GemvCore::kMma : GemvCore::kDp4a;
 }
 
 Status q4k_gemv_validate(const Q4kGemvParams& a) {

@@ -57,11 +57,13 @@ struct GemvTileParams {
   int stage_blocks;           // K blocks per pipeline stage: stage_blocks_for(G, RL, matrices)
   int stages;                 // ring depth per warp, 2..kMaxStages
   int chunk_blocks;           // K blocks quantised per shared-memory pass (k_blocks, or a multiple of stage_blocks)
-  bool mma;                   // int8 tensor-core core: tiles of kMmaTileRows rows, K split over the warps
+  bool mma;                   // int8 tensor-core core: row groups of kMmaTileRows rows, K split over the warps
+  int mma_part_bits;          // mma core: log2 of the warps per row group (K parts: 1, 2, 4 or 8)
 };
 
 inline constexpr int kMaxTokens = 16;
-// Rows of an mma-core tile (the M of one m16n8k32); every warp streams them for its K range.
+// Rows of an mma-core row group (the M of one m16n8k32). A tile is kWarpsPerBlock >> mma_part_bits
+// row groups; the 1 << mma_part_bits warps of a group stream its rows, each over its own K part.
 inline constexpr int kMmaTileRows = 16;
 inline constexpr int kMaxStages = 4;
 // (row, block) items per group and stage: one matrix 4, gate/up 2. Larger stages mean fewer,
@@ -77,11 +79,18 @@ static_assert(kActStride % 16 == 0, "activation slots are cleared and read in 16
 
 __host__ __device__ constexpr int rows_per_tile(int rows_per_warp) { return kWarpsPerBlock * rows_per_warp; }
 __host__ __device__ inline std::int64_t tile_rows(const GemvTileParams& p) {
-  return p.mma ? kMmaTileRows : rows_per_tile(p.rows_per_warp);
+  return p.mma ? kMmaTileRows * (kWarpsPerBlock >> p.mma_part_bits) : rows_per_tile(p.rows_per_warp);
 }
 __host__ __device__ inline std::int64_t num_tiles(const GemvTileParams& p) { return (p.n + tile_rows(p) - 1) / tile_rows(p); }
-// K blocks [begin, end) warp w covers in an mma-core tile: contiguous, sizes differing by at most one.
-__host__ __device__ inline int mma_k_begin(const GemvTileParams& p, int warp) { return p.k_blocks * warp / kWarpsPerBlock; }
+// mma core: warp w streams row group w >> mma_part_bits over K part w & (parts - 1), K blocks
+// [mma_k_begin, mma_k_end): contiguous, sizes differing by at most one (shifts: parts are powers of 2).
+__host__ __device__ inline int mma_row_group(const GemvTileParams& p, int warp) { return warp >> p.mma_part_bits; }
+__host__ __device__ inline int mma_k_begin(const GemvTileParams& p, int warp) {
+  return (p.k_blocks * (warp & ((1 << p.mma_part_bits) - 1))) >> p.mma_part_bits;
+}
+__host__ __device__ inline int mma_k_end(const GemvTileParams& p, int warp) {
+  return (p.k_blocks * ((warp & ((1 << p.mma_part_bits) - 1)) + 1)) >> p.mma_part_bits;
+}
 // Rows per group: the activations of one load serve this many rows. Only 4 tokens of one matrix
 // use 2: at 8-16 tokens one row per group measured fastest on every Kimi and Llama shape but the
 // tallest (H200 A/B at 16 tokens, rows per group 4 / 2 / 1: 4096 x 2304 47.9 / 28.5 / 23.2 us,
@@ -153,17 +162,18 @@ struct TileState {
 namespace detail {
 
 // Copies the producer's next stage into its ring buffer (nothing once the block's tiles are done).
-// MMA: the mma core's pipe, where every warp streams the tile's rows over its own K range.
+// MMA: the mma core's pipe, where every warp streams its row group over its own K part.
 template <int NMAT, bool MMA = false>
 __device__ __forceinline__ void issue_stage(const GemvTileParams& p, WeightPipe& pipe, std::uint64_t policy) {
   if (pipe.next_tile >= pipe.tiles) return;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, R = p.rows_per_warp;
-  const int k_begin = MMA ? mma_k_begin(p, warp) : 0, k_end = MMA ? mma_k_begin(p, warp + 1) : p.k_blocks;
+  const int k_begin = MMA ? mma_k_begin(p, warp) : 0, k_end = MMA ? mma_k_end(p, warp) : p.k_blocks;
   if (MMA && k_begin == k_end) return;
   const std::uint32_t slot = pipe.issued % std::uint32_t(p.stages);
   const int kb0 = k_begin + pipe.next_stage * p.stage_blocks;
   const int nb = min(p.stage_blocks, k_end - kb0);
-  const std::int64_t row0 = MMA ? pipe.next_tile * kMmaTileRows : pipe.next_tile * rows_per_tile(R) + warp * R;
+  const std::int64_t row0 = MMA ? pipe.next_tile * tile_rows(p) + mma_row_group(p, warp) * kMmaTileRows
+                                : pipe.next_tile * rows_per_tile(R) + warp * R;
   const std::int64_t left = p.n - row0;
   const int valid = left <= 0 ? 0 : left < R ? int(left) : R;
   const std::uint32_t bytes = std::uint32_t(nb) * q4k::kBlockBytes;
@@ -410,11 +420,12 @@ __device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, const Gemv
   detail::store_normalized(p, s, tile);
 }
 
-// The int8 tensor-core body (q4k_mma.cuh) for 5..16 tokens. A tile is kMmaTileRows rows of each
-// matrix; warp w takes K blocks [mma_k_begin(w), mma_k_begin(w + 1)) and lane (g, t) holds rows g and
-// g + 8 and tokens 2t, 2t + 1 of every 8-token tile. The warps' partial sums meet in shared memory
-// and are added in warp order. Needs all of K's activations in one chunk. The K order of the sums
-// differs from the dp4a body's, so the two cores round differently.
+// The int8 tensor-core body (q4k_mma.cuh) for 5..16 tokens. A tile is kWarpsPerBlock >> mma_part_bits
+// row groups of kMmaTileRows rows of each matrix; warp w streams the rows of its group
+// (mma_row_group) over its K part (mma_k_begin / mma_k_end), and lane (g, t) holds rows g and g + 8
+// and tokens 2t, 2t + 1 of every 8-token tile. The parts' partial sums meet in shared memory and are
+// added in part order. Needs all of K's activations in one chunk. The K order of the sums differs
+// from the dp4a body's (and between part counts), so they round differently.
 template <int NTOK, int NMAT>
 __device__ void gemv_tile_mma(const GemvTileParams& p, std::int64_t tile, const GemvSmem& s, TileState& state) {
   static_assert(NTOK % 8 == 0, "the mma core takes 8-token tiles");
@@ -439,8 +450,8 @@ __device__ void gemv_tile_mma(const GemvTileParams& p, std::int64_t tile, const 
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[m][nt][e] = 0.f;
 
-  const int k_begin = mma_k_begin(p, warp), k_end = mma_k_begin(p, warp + 1);
-  for (int ks0 = k_begin; ks0 < k_end; ks0 += p.stage_blocks) {
+  const int parts = 1 << p.mma_part_bits, k_end = mma_k_end(p, warp);
+  for (int ks0 = mma_k_begin(p, warp); ks0 < k_end; ks0 += p.stage_blocks) {
     const int nb = min(p.stage_blocks, k_end - ks0);
     const std::uint32_t slot = pipe.consumed % std::uint32_t(p.stages);
     stream::barrier_wait(&pipe.bars[slot], (pipe.consumed / std::uint32_t(p.stages)) & 1u);
@@ -486,7 +497,8 @@ __device__ void gemv_tile_mma(const GemvTileParams& p, std::int64_t tile, const 
     detail::issue_stage<NMAT, true>(p, pipe, policy);
   }
 
-  // The warps' partial sums, added in warp order: [warp][sum][lane].
+  // The parts' partial sums, added in part order: [warp][sum][lane]. (A warp-local epilogue for one
+  // part, without the block barriers, spilled 16 bytes in gemv_mma_kernel<16, 2>.)
   __syncthreads();  // the previous tile's readers of `partials` are done
   float* mine = s.partials + std::size_t(warp) * kSums * 32;
 #pragma unroll
@@ -496,16 +508,20 @@ __device__ void gemv_tile_mma(const GemvTileParams& p, std::int64_t tile, const 
 #pragma unroll
       for (int e = 0; e < 4; ++e) mine[((m * kTokenTiles + nt) * 4 + e) * 32 + lane] = acc[m][nt][e];
   __syncthreads();
-  // Thread i finishes element e of token tile nt held by lane l, for every matrix.
-  for (int i = threadIdx.x; i < kTokenTiles * 4 * 32; i += kBlockThreads) {
-    const int l = i % 32, e = (i / 32) % 4, nt = i / (4 * 32);
+  // Item i: element e of token tile nt held by lane l of row group rg (row g + 8 (e / 2), token
+  // 2 (l % 4) + e % 2 of the tile), every matrix.
+  constexpr int kGroupItems = kTokenTiles * 4 * 32;
+  for (int i = threadIdx.x; i < (kWarpsPerBlock / parts) * kGroupItems; i += kBlockThreads) {
+    const int l = i % 32, e = (i / 32) % 4, nt = (i / (4 * 32)) % kTokenTiles, rg = i / kGroupItems;
     float sum[NMAT];
 #pragma unroll
     for (int m = 0; m < NMAT; ++m) {
       sum[m] = 0.f;
-      for (int w = 0; w < kWarpsPerBlock; ++w) sum[m] += s.partials[(std::size_t(w) * kSums + (m * kTokenTiles + nt) * 4 + e) * 32 + l];
+#pragma unroll 4
+      for (int q = 0; q < parts; ++q)  // several loads in flight (a full unroll spilled in gemv_mma_kernel<16, 2>)
+        sum[m] += s.partials[(std::size_t(rg * parts + q) * kSums + (m * kTokenTiles + nt) * 4 + e) * 32 + l];
     }
-    const std::int64_t row = tile * kRows + l / 4 + 8 * (e / 2);
+    const std::int64_t row = tile * tile_rows(p) + rg * kRows + l / 4 + 8 * (e / 2);
     const int token = nt * 8 + 2 * (l % 4) + e % 2;
     if (row < p.n && token < p.batch) detail::store_output(p, s, row, token, sum[0], sum[NMAT - 1]);
   }

@@ -58,11 +58,13 @@ struct Case {
   std::int64_t n, k;
   int batch;
   ops::GemvCore core = ops::GemvCore::kAuto;
-  ops::GemvLaunch launch() const { return {true, core}; }
+  int mma_k_parts = 0;  // 0: the planner's choice
+  ops::GemvLaunch launch() const { return {true, core, mma_k_parts}; }
 };
 std::string case_name(const testing::TestParamInfo<Case>& info) {
   const char* core = info.param.core == ops::GemvCore::kDp4a ? "_dp4a" : info.param.core == ops::GemvCore::kMma ? "_mma" : "";
-  return "n" + std::to_string(info.param.n) + "_k" + std::to_string(info.param.k) + "_b" + std::to_string(info.param.batch) + core;
+  const std::string parts = info.param.mma_k_parts ? "_p" + std::to_string(info.param.mma_k_parts) : "";
+  return "n" + std::to_string(info.param.n) + "_k" + std::to_string(info.param.k) + "_b" + std::to_string(info.param.batch) + core + parts;
 }
 
 std::vector<Case> grid(std::initializer_list<std::int64_t> ns, std::initializer_list<std::int64_t> ks,
@@ -290,15 +292,30 @@ TEST_P(GateUpQ4kGemvTest, MatchesReference) {
 // it. The Dp4a suites force the dp4a core where the mma core is the default.
 const auto kShapes = grid({1, 37, 4096}, {256, 2304, 4096, 14336}, {1, 3, 5, 16});
 const auto kDp4aShapes = grid({37, 4096}, {256, 2304, 14336}, {5, 16}, ops::GemvCore::kDp4a);
+// The mma core at every K split of its row groups (1, 2, 4, 8 warps per group; n = 37 leaves
+// partial groups and tiles, K = 256 leaves warps without K blocks).
+std::vector<Case> mma_parts_shapes() {
+  std::vector<Case> out;
+  for (int parts : {1, 2, 4, 8})
+    for (Case c : grid({37, 4096}, {256, 2304, 4096}, {5, 16}, ops::GemvCore::kMma)) {
+      c.mma_k_parts = parts;
+      out.push_back(c);
+    }
+  return out;
+}
+const auto kMmaPartsShapes = mma_parts_shapes();
 INSTANTIATE_TEST_SUITE_P(Shapes, Q4kGemvTest, testing::ValuesIn(kShapes), case_name);
 INSTANTIATE_TEST_SUITE_P(Dp4a, Q4kGemvTest, testing::ValuesIn(kDp4aShapes), case_name);
+INSTANTIATE_TEST_SUITE_P(MmaParts, Q4kGemvTest, testing::ValuesIn(kMmaPartsShapes), case_name);
 INSTANTIATE_TEST_SUITE_P(LmHead, Q4kGemvTest, testing::ValuesIn(grid({163840}, {2304}, {1, 3, 16})), case_name);
 INSTANTIATE_TEST_SUITE_P(Shapes, RmsNormQ4kGemvTest, testing::ValuesIn(kShapes), case_name);
 INSTANTIATE_TEST_SUITE_P(Dp4a, RmsNormQ4kGemvTest, testing::ValuesIn(kDp4aShapes), case_name);
+INSTANTIATE_TEST_SUITE_P(MmaParts, RmsNormQ4kGemvTest, testing::ValuesIn(kMmaPartsShapes), case_name);
 INSTANTIATE_TEST_SUITE_P(LmHead, RmsNormQ4kGemvTest, testing::ValuesIn(grid({163840}, {2304}, {1, 16})), case_name);
 INSTANTIATE_TEST_SUITE_P(Shapes, GateUpQ4kGemvTest, testing::ValuesIn(grid({1, 37, 1024, 4096}, {256, 2304, 4096, 14336}, {1, 3, 5, 16})),
                          case_name);
 INSTANTIATE_TEST_SUITE_P(Dp4a, GateUpQ4kGemvTest, testing::ValuesIn(kDp4aShapes), case_name);
+INSTANTIATE_TEST_SUITE_P(MmaParts, GateUpQ4kGemvTest, testing::ValuesIn(kMmaPartsShapes), case_name);
 
 
 // Same inputs, same bits: repeated launches and graph replays.

@@ -146,6 +146,20 @@ TEST(Q4kGemvValidation, ValidatorsWithoutLaunching) {
   EXPECT_EQ(ops::gate_up_q4k_gemv(g, nullptr).code(), StatusCode::kInvalidArgument);
 }
 
+// Launch options outside their ranges fail before anything runs (any machine).
+TEST(Q4kGemvValidation, LaunchOptions) {
+  const auto a = valid_plain();
+  ops::GemvLaunch bad_core;
+  bad_core.core = static_cast<ops::GemvCore>(7);
+  EXPECT_EQ(ops::q4k_gemv(a, nullptr, bad_core).code(), StatusCode::kInvalidArgument);
+  for (int parts : {-1, 3, 16}) {
+    ops::GemvLaunch bad_parts;
+    bad_parts.mma_k_parts = parts;
+    EXPECT_EQ(ops::q4k_gemv(a, nullptr, bad_parts).code(), StatusCode::kInvalidArgument) << parts;
+    EXPECT_EQ(ops::gate_up_q4k_gemv(valid_gate_up(), nullptr, bad_parts).code(), StatusCode::kInvalidArgument) << parts;
+  }
+}
+
 // Which core the launcher runs: the GPU suites' batch 5 and 16 cases are the mma core's except
 // where its activations do not fit one shared-memory chunk (gate/up at K = 4096 and 16 tokens,
 // K = 14336); their Dp4a suites force the other core.

@@ -76,6 +76,9 @@ inline constexpr int kGemvMmaMinBatch = 5;
 struct GemvLaunch {
   bool pdl = true;  // launch as a programmatic dependent of the previous kernel in the stream
   GemvCore core = GemvCore::kAuto;
+  // mma core only: warps sharing a 16-row group, each taking a contiguous K range: 1, 2, 4 or 8,
+  // or 0 to let the planner choose (a tuning and test hook; results round differently per value).
+  int mma_k_parts = 0;
 };
 
 // The core a launch with these dims runs for `requested` (kDp4a or kMma; the mma core needs its
