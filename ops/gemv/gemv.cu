@@ -38,7 +38,8 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm<NTOK, NMAT>) ge
     gemv::gemv_tile<NTOK, NMAT, gemv::rows_per_group(NTOK, NMAT)>(p, tile, s, state);
 }
 
-// The int8 tensor-core core (8 or 16 tokens): row groups of kMmaTileRows rows, K split over each group's warps.
+// The int8 tensor-core core (8 or 16 tokens): row groups of kMmaTileRows rows, each group's K
+// split over its warps.
 template <int NTOK, int NMAT>
 __global__ void __launch_bounds__(kBlockThreads, 2) gemv_mma_kernel(const __grid_constant__ GemvTileParams p) {
   extern __shared__ __align__(16) char smem[];
