@@ -137,10 +137,12 @@ void plan(GemvTileParams& p, int ntok, int nmat, int sms) {
 // its K part in stages of kMmaStageBlocks blocks; all of K's activations must fit in one chunk
 // (false if they do not). The K parts per group (1, 2, 4 or 8; `k_parts` 0 = chosen here) trade
 // balance between the warps of a group (K = 2304 is 9 blocks: 8 parts leave one warp two blocks
-// and seven one) against tiles for the SMs (1 part: 128-row tiles). Fewer than 8 parts only where
-// every block still gets kMmaMinRounds tiles: with fewer, the ramp and the tail of the grid cost
-// more than the balance gains (H200, 16 tokens: lm_head 321 -> 208 us at 1 part; 9216 x 2304,
-// 2.2 tiles per block, 14.9 us at 8 parts against 16.9 at 4 and 20.0 at 1).
+// and seven one) against tiles for the SMs (1 part: 128-row tiles), by mma_cost. With two blocks
+// per SM (8 tokens) the cost model misjudges short grids, so there fewer than 8 parts only where
+// every block still gets kMmaMinRounds tiles (H200, 8 tokens: 9216 x 2304, 2.2 tiles per block,
+// 14.9 us at 8 parts against 16.9 at 4 and 20.0 at 1; lm_head 149 -> 116 us at 1 part). With one
+// block per SM (16 tokens) the cost model's choice measured best: lm_head 321 -> 208 us, KDA
+// in_proj 12576 x 2304 33.9 -> 28.3, decode B = 16 6680 -> 6520 us against the min-rounds rule.
 constexpr int kMmaStageBlocks = 2;
 constexpr double kMmaReduceSteps = 0.5;  // the cross-part reduction, in K-block steps
 constexpr int kMmaMinRounds = 4;
@@ -171,7 +173,7 @@ bool plan_mma(GemvTileParams& p, int ntok, int nmat, int sms, int k_parts) {
     int best_bits = q.mma_part_bits;
     for (int bits = q.mma_part_bits; bits >= 0; --bits) {  // ties keep more parts (more tiles)
       q.mma_part_bits = bits;
-      if (bits < 3 && gemv::num_tiles(q) < std::int64_t(kMmaMinRounds) * per_sm * sms) break;
+      if (per_sm > 1 && bits < 3 && gemv::num_tiles(q) < std::int64_t(kMmaMinRounds) * per_sm * sms) break;
       const double cost = mma_cost(q, per_sm, sms);
       if (best < 0 || cost < best - 1e-9) best = cost, best_bits = bits;
     }
