@@ -52,14 +52,18 @@ __global__ void __launch_bounds__(kBlockThreads, 2) gemv_mma_kernel(const __grid
   for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) gemv::gemv_tile_mma<NTOK, NMAT>(p, tile, s, state);
 }
 
-// The token-count tiers the kernels are instantiated for.
+// The token-count tier a batch runs in: the kernels are instantiated for 1, 2, 4, 8 and 16 tokens.
+constexpr int token_tier(int batch) { return batch <= 1 ? 1 : batch <= 2 ? 2 : batch <= 4 ? 4 : batch <= 8 ? 8 : 16; }
+
 template <class F>
 Status dispatch_tokens(int batch, F&& f) {
-  if (batch <= 1) return f(std::integral_constant<int, 1>{});
-  if (batch <= 2) return f(std::integral_constant<int, 2>{});
-  if (batch <= 4) return f(std::integral_constant<int, 4>{});
-  if (batch <= 8) return f(std::integral_constant<int, 8>{});
-  return f(std::integral_constant<int, 16>{});
+  switch (token_tier(batch)) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: return f(std::integral_constant<int, 16>{});
+  }
 }
 
 std::size_t smem_bytes(const GemvTileParams& p, int ntok, int nmat) { return gemv::GemvSmem(nullptr, p, ntok, nmat).bytes; }
@@ -319,10 +323,9 @@ GemvCore q4k_gemv_core(std::int64_t k, int batch, int num_matrices, GemvCore req
   p.n = 1;  // whether the mma plan fits does not depend on n
   p.k_blocks = int(k / 256);
   p.batch = batch;
-  const int ntok = batch <= 4 ? 4 : batch <= 8 ? 8 : 16;  // dispatch_tokens' tier (only >= 8 matters)
   GemvLaunch launch;
   launch.core = requested;
-  return plan_mma_if_chosen(p, ntok, num_matrices, launch, 1) ? GemvCore::kMma : GemvCore::kDp4a;
+  return plan_mma_if_chosen(p, token_tier(batch), num_matrices, launch, 1) ? GemvCore::kMma : GemvCore::kDp4a;
 }
 
 Status q4k_gemv_validate(const Q4kGemvParams& a) {
