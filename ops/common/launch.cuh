@@ -33,6 +33,14 @@ __device__ __forceinline__ void allow_downstream() {
 #endif
 }
 
+// Orders this thread's earlier generic-proxy accesses of shared memory before its later
+// async-proxy ones (bulk copies into memory that was just read or written by threads).
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
 // v[0..7] = p[0..7] through the read-only path (p 16-byte aligned, not written by this kernel).
 __device__ __forceinline__ void ldg_float8(const float* p, float (&v)[8]) {
   const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p) + 1);

@@ -46,8 +46,6 @@ __device__ __forceinline__ void mbarrier_wait_parity(std::uint64_t* bar, std::ui
         : "memory");
   } while (!done);
 }
-// Orders this thread's earlier generic-proxy accesses of shared memory before later async-proxy ones.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // global -> shared bulk copy of `bytes` (multiple of 16, both addresses 16-byte aligned).
 __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, std::uint32_t bytes, std::uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),

@@ -127,7 +127,7 @@ __device__ __forceinline__ void load_page(const MlaAttentionParams& p, std::int3
     }
     if (threadIdx.x < 32) {
       if (threadIdx.x == 0) {
-        device::fence_proxy_async();  // the stage's earlier generic reads come first
+        encore::device::fence_proxy_async();  // the stage's earlier generic reads come first
         device::mbarrier_arrive_expect_tx(bar, std::uint32_t(valid_tokens) * kMlaRowDim * sizeof(__nv_bfloat16));
       }
       __syncwarp();
