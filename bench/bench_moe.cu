@@ -148,6 +148,7 @@ ops::MoeExpertsParams experts_params(const Model& m, const Step& st, int batch, 
   p.batch = batch;
   p.max_batch = ops::kMaxMoeBatch;
   p.h = st.h;
+  p.h_settled = true;  // after the router, or static (experts alone)
   p.x = st.x;
   p.topk_ids = st.ids;
   p.topk_weights = st.weights;

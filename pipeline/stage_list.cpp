@@ -186,6 +186,7 @@ class Builder {
     m.num_experts = e.experts, m.num_shared = e.shared_experts, m.top_k = e.top_k;
     m.hidden = c_.hidden, m.inter = e.expert_width, m.batch = B_, m.max_batch = o_.max_batch;
     m.h = x, m.norm_weight = norm, m.norm_eps = c_.rms_eps, m.x = x, m.topk_ids = ids, m.topk_weights = weights, m.slot_ids = slot_ids;
+    m.h_settled = true;  // the router's kernels run between x's last writer and the experts
     m.workspace = buffer<void>("moe.experts_ws"), m.workspace_bytes = buffer_bytes("moe.experts_ws");
     m.error_flag = buffer<int>("flags.moe");
   }

@@ -61,20 +61,20 @@ __global__ void __launch_bounds__(kBlockThreads) moe_prepare_kernel(const __grid
 }
 
 // Gate/up and down: streaming blocks per SM as planned (their rings fill the shared memory).
-template <int BlocksPerSm>
+// kInBlock: each block builds the work list itself (small batches, no prepare kernel).
+template <int BlocksPerSm, bool kInBlock>
 __global__ void __launch_bounds__(kBlockThreads, BlocksPerSm)
     moe_gate_up_kernel(const __grid_constant__ ExpertsTileParams p, const moe::StreamShape shape) {
   extern __shared__ __align__(128) char smem[];
-  device::wait_for_upstream();
-  device::allow_downstream();
-  moe::gate_up_stream(p, shape, smem);
+  moe::gate_up_stream<kInBlock>(p, shape, smem);  // waits for the routing inside
 }
 
 // Waits for the gate/up kernel inside the body, after its weight copies are issued.
+template <bool kInBlock>
 __global__ void __launch_bounds__(kBlockThreads, moe::kStreamBlocksPerSm)
     moe_down_kernel(const __grid_constant__ ExpertsTileParams p, const moe::StreamShape shape) {
   extern __shared__ __align__(128) char smem[];
-  moe::down_stream(p, shape, smem);
+  moe::down_stream<kInBlock>(p, shape, smem);
 }
 
 // ---- helpers ------------------------------------------------------------------------------------
@@ -112,10 +112,15 @@ ExpertsLayout experts_layout(int max_batch, int num_experts, int num_shared, int
 // per SM with entries per pass as many as leave at least kWantStages (or, when none does,
 // kMinStages), sized for max_batch, so one capture serves any routing. A batch of at most
 // kTokensPerPass tokens first tries a plan of its own: passes as wide as the batch (no expert is
-// ever split) and gate/up at kSmallBatchGateUpBlocks blocks per SM, whose smaller rings start each
-// block's first item sooner (H200 A/B in bench/RESULTS.md: Kimi experts B = 1 30.6 -> 29.4 us).
+// ever split), gate/up at kSmallBatchGateUpBlocks blocks per SM, whose smaller rings start each
+// block's first item sooner, and the work list built inside the stream blocks (no prepare kernel:
+// one kernel boundary fewer between the routing and the first weights). It is taken only where
+// every gate/up block gets at most one item (Kimi: B = 1); with several items per block the
+// general plan was faster (H200 A/B in bench/RESULTS.md: decode B = 1 1833 -> 1813 us with it;
+// B = 4 3122 us without it, 3198 with it).
 struct StreamPlan {
   moe::StreamShape gate_up, down;
+  bool in_block = false;  // the small-batch plan: lists built in the blocks
   int tokens = 0, gate_up_grid = 0, down_grid = 0;
   int gate_up_blocks = moe::kStreamBlocksPerSm;  // per SM (the down kernel always runs kStreamBlocksPerSm)
   std::size_t gate_up_smem = 0, down_smem = 0;
@@ -141,28 +146,39 @@ bool fit_stream(moe::StreamShape& shape, int passes, int row_groups, int min_sta
   return false;
 }
 
-// Both streams for `tokens` entries per pass over the passes of `batch` tokens.
-bool fit_plan(const MoeExpertsParams& a, int batch, int tokens, int gate_up_blocks, int min_stages, StreamPlan& plan) {
+// Both streams for `tokens` entries per pass over the passes of `batch` tokens; in_block: each
+// block holds a list of `batch` tokens' entries and builds it in its ring.
+bool fit_plan(const MoeExpertsParams& a, int batch, int tokens, int gate_up_blocks, int min_stages, bool in_block,
+              StreamPlan& plan) {
   const int passes = moe::max_passes(batch, a.num_experts, a.num_shared, a.top_k, tokens);
   plan.tokens = tokens;
   plan.gate_up_blocks = gate_up_blocks;
-  plan.gate_up = {a.hidden / 256, 0, 0, tokens, 0, true};
-  plan.down = {a.inter / 256, 0, 0, tokens, 0, false};
+  plan.in_block = in_block;
+  const int list_passes = in_block ? passes : 0, list_entries = in_block ? batch * (a.top_k + a.num_shared) : 0;
+  plan.gate_up = {a.hidden / 256, 0, 0, tokens, 0, true, list_passes, list_entries};
+  plan.down = {a.inter / 256, 0, 0, tokens, 0, false, list_passes, list_entries};
   if (!fit_stream(plan.gate_up, passes, moe::gate_up_row_groups(a.inter), min_stages, gate_up_blocks, plan.gate_up_grid,
                   plan.gate_up_smem) ||
       !fit_stream(plan.down, passes, moe::down_row_chunks(a.hidden), min_stages, moe::kStreamBlocksPerSm, plan.down_grid,
                   plan.down_smem))
     return false;
+  if (in_block)
+    for (const moe::StreamShape* shape : {&plan.gate_up, &plan.down})
+      if (std::size_t(kWarpsPerBlock) * shape->stages * shape->stage_bytes() < moe::prepare_smem_bytes()) return false;
   // The combine stages the entry lists in the (then idle) down ring.
   const std::size_t lists = std::size_t(a.max_batch) * (a.top_k + a.num_shared) * 8;
   return std::size_t(kWarpsPerBlock) * plan.down.stages * plan.down.stage_bytes() >= lists;
 }
 
 Status plan_streams(const MoeExpertsParams& a, StreamPlan& plan) {
-  if (a.batch <= moe::kTokensPerPass && fit_plan(a, a.batch, a.batch, kSmallBatchGateUpBlocks, kMinStages, plan)) return {};
+  // Passes as wide as the batch: one per used expert.
+  const std::int64_t small_items = std::int64_t(std::min(a.num_experts, a.batch * a.top_k) + a.num_shared) * moe::gate_up_row_groups(a.inter);
+  if (a.batch <= moe::kTokensPerPass && small_items <= std::int64_t(detail::sm_count()) * kSmallBatchGateUpBlocks &&
+      fit_plan(a, a.batch, a.batch, kSmallBatchGateUpBlocks, kMinStages, true, plan))
+    return {};
   for (int min_stages : {kWantStages, kMinStages})
     for (int tokens = std::min(moe::kTokensPerPass, a.max_batch); tokens >= 1; --tokens)
-      if (fit_plan(a, a.max_batch, tokens, moe::kStreamBlocksPerSm, min_stages, plan)) return {};
+      if (fit_plan(a, a.max_batch, tokens, moe::kStreamBlocksPerSm, min_stages, false, plan)) return {};
   return Status(StatusCode::kUnsupported, detail::concat("moe_experts: hidden = ", a.hidden, ", inter = ", a.inter,
                                                          ": the expert streams do not fit in shared memory"));
 }
@@ -428,6 +444,7 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   p.h = a.h;
   p.gamma = a.norm_weight;
   p.eps = a.norm_eps;
+  p.h_settled = a.h_settled;
   p.x = a.x;
   p.ids = a.topk_ids;
   p.weights = a.topk_weights;
@@ -445,17 +462,19 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   p.act_mid = ws + layout.act_mid;
   p.y = reinterpret_cast<float*>(ws + layout.y);
 
-  // Grids depend on max_batch only, so one capture at max_batch serves any routing.
-  const int prepare = moe::prepare_tiles(a.max_batch, p.hidden_blocks);
+  // The general plan's grids depend on max_batch only, so one capture at max_batch serves any
+  // routing; the small-batch plan (in-block lists) is the batch's own.
+  if (plan.in_block) {
+    ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel<kSmallBatchGateUpBlocks, true>, plan.gate_up_grid,
+                                          plan.gate_up_smem, stream, true, "moe gate/up kernel", p, plan.gate_up));
+    return detail::launch(moe_down_kernel<true>, plan.down_grid, plan.down_smem, stream, true, "moe down kernel", p, plan.down);
+  }
+  const int prepare = moe::prepare_tiles(a.max_batch);
   ENCORE_RETURN_IF_ERROR(detail::launch(moe_prepare_kernel, prepare, moe::prepare_smem_bytes(), stream, true,
                                         "moe prepare kernel", p, prepare));
-  static_assert(moe::kStreamBlocksPerSm != kSmallBatchGateUpBlocks);
-  const auto gate_up_kernel = plan.gate_up_blocks == kSmallBatchGateUpBlocks ? moe_gate_up_kernel<kSmallBatchGateUpBlocks>
-                                                                             : moe_gate_up_kernel<moe::kStreamBlocksPerSm>;
-  ENCORE_RETURN_IF_ERROR(detail::launch(gate_up_kernel, plan.gate_up_grid, plan.gate_up_smem, stream, true, "moe gate/up kernel",
-                                        p, plan.gate_up));
-  return detail::launch(moe_down_kernel, plan.down_grid, plan.down_smem, stream, true,
-                        "moe down kernel", p, plan.down);
+  ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel<moe::kStreamBlocksPerSm, false>, plan.gate_up_grid,
+                                        plan.gate_up_smem, stream, true, "moe gate/up kernel", p, plan.gate_up));
+  return detail::launch(moe_down_kernel<false>, plan.down_grid, plan.down_smem, stream, true, "moe down kernel", p, plan.down);
 }
 
 }  // namespace encore::ops

@@ -6,6 +6,10 @@
 //   down item    = (pass, 64 output rows): y[entry][row] = W_down[row] . mid[entry]; the last
 //                  item of a row chunk to finish (an integer counter, counted when the block's
 //                  items are done) runs the ordered combine.
+// Work list: the prepare kernel's, in the workspace (general plan), or, for small batches, one
+// that every stream block builds in its own shared memory from the routing (no prepare kernel in
+// the chain; the gate/up blocks then quantise the batch's activations themselves, once, into a
+// resident buffer, while their first weights are in flight).
 // An item is 64 (matrix, row) units: one per 4-lane group of the 8 warps. Its weights arrive in
 // K stages through a ring of shared-memory buffers per warp (as in the GEMV): one bulk copy per
 // unit and stage, completion on one mbarrier per buffer; a warp refills a buffer as soon as it is
@@ -61,6 +65,12 @@ struct StreamShape {
   int tokens;         // entries per pass (activation buffer capacity)
   int max_items;      // items one block can get (size of its item table)
   bool gather;        // gate/up: activations per token (gathered); down: per entry (contiguous)
+  int list_passes = 0;   // capacity of a work list built in shared memory (0: the prepare kernel's list)
+  int list_entries = 0;
+
+  __host__ __device__ bool in_block() const { return list_passes > 0; }
+  // Gate/up with its own list: the batch's activations quantised once into one resident buffer.
+  __host__ __device__ bool resident_act() const { return gather && in_block(); }
 
   __host__ __device__ int pitch() const { return gemv::stage_pitch(stage_blocks); }
   __host__ __device__ int stage_bytes() const { return kUnitsPerWarp * pitch(); }  // one warp's buffer
@@ -69,7 +79,9 @@ struct StreamShape {
 };
 
 // Shared memory of a stream block: barriers | item table | ring | activations |
-// (gate/up) silu(g)*u of two items and one quantiser block per warp | (down) combine flags.
+// (gate/up) silu(g)*u of two items and one quantiser block per warp | (down) combine flags |
+// (small batches) the block's work list. The list's build scratch (PlanSmem) borrows the ring
+// before the first weights are issued.
 struct StreamSmem {
   std::uint64_t* full;        // [warps][kMaxRingStages] one phase per fill of a ring buffer
   std::uint64_t* act_full;    // [kActBuffers]
@@ -80,6 +92,8 @@ struct StreamSmem {
   float* mid;                 // [2][tokens][kGateUpRows]
   char* scratch;              // [warps][384]
   int* last;                  // [max_items] (down) this block combines the item's row chunk
+  WorkList list;              // (in_block) num_passes [1], passes, entry_token, entry_weight, token_entries
+  float* row_partial;         // [tokens][k_blocks] (resident activations) sums of squares of h
   std::size_t bytes;
 
   __host__ __device__ StreamSmem(char* base, const StreamShape& s) {
@@ -89,19 +103,28 @@ struct StreamSmem {
     items = a.take<int4>(s.max_items);
     tokens = a.take<int>(s.gather ? std::size_t(s.max_items) * s.tokens : 0);
     ring = a.take<char>(std::size_t(kWarpsPerBlock) * s.stages * s.stage_bytes(), 128);
-    act = a.take<char>(std::size_t(kActBuffers) * s.tokens * s.act_token_bytes(), 128);
+    act = a.take<char>(std::size_t(s.resident_act() ? 1 : kActBuffers) * s.tokens * s.act_token_bytes(), 128);
     mid = a.take<float>(s.gather ? 2 * std::size_t(s.tokens) * kGateUpRows : 0);
     scratch = a.take<char>(s.gather ? std::size_t(kWarpsPerBlock) * gemv::kActBlockBytes : 0);
     last = a.take<int>(s.gather ? 0 : s.max_items);
+    list.num_passes = a.take<int>(s.in_block() ? 1 : 0);
+    list.passes = a.take<int4>(s.list_passes);
+    list.entry_token = a.take<int>(s.list_entries);
+    list.entry_weight = a.take<float>(s.list_entries);
+    list.token_entries = a.take<int>(s.list_entries);
+    row_partial = a.take<float>(s.resident_act() ? s.tokens * s.k_blocks : 0);
     bytes = a.used();
   }
 };
 
-// The block's view of its stream: shape, matrices and the item count (block-uniform).
-template <int NMAT>
+// The block's view of its stream: shape, matrices and the item count (block-uniform). kInBlock:
+// the block builds its work list (shape.in_block()).
+template <int NMAT, bool kInBlock>
 struct ExpertStream {
+  static constexpr bool kResidentAct = kInBlock && NMAT == 2;
   StreamShape shape;
   StreamSmem s;
+  WorkList list;
   const char* mat[NMAT];
   std::int64_t matrix_bytes, row_bytes;
   const char* act_src;
@@ -109,11 +132,12 @@ struct ExpertStream {
   int items;
 
   // Fills the item table from the work list and starts the weight ring: weights depend only on
-  // the items. The work list comes from the prepare kernel, so the down kernel may run this before
-  // its PDL wait (prepare finished before the gate/up kernel passed its wait and let the down kernel
-  // start); it is read through L2 (ld.cg). start_activations() follows the wait.
+  // the items. The work list comes from the prepare kernel, or is built here from the routing;
+  // either finished before the gate/up kernel passed its PDL wait and let the down kernel start,
+  // so the down kernel runs this before its own wait (global data read through L2, ld.cg).
+  // start_activations() follows the wait.
   __device__ ExpertStream(const ExpertsTileParams& p, const StreamShape& sh, char* smem, int row_groups)
-      : shape(sh), s(smem, sh) {
+      : shape(sh), s(smem, sh), list(kInBlock ? s.list : global_work_list(p)) {
     if (NMAT == 2) {
       mat[0] = p.gate, mat[NMAT - 1] = p.up;
       matrix_bytes = p.up_matrix_bytes, row_bytes = p.up_row_bytes, act_src = p.act_in;
@@ -126,13 +150,18 @@ struct ExpertStream {
       for (int i = 0; i < kActBuffers; ++i) gemv::stream::barrier_init(&s.act_full[i], 1);
       gemv::stream::fence_barrier_init();
     }
+    if constexpr (kInBlock) {
+      // (only the gate/up kernel's first block reports bad ids: one writer of the flag)
+      build_work_list(p, list, *reinterpret_cast<PlanSmem*>(s.ring), NMAT == 2 && blockIdx.x == 0);
+      device::fence_proxy_async();  // the ring's generic writes come before its bulk copies
+    }
     // The pass count and the passes this block may get load together (one round trip); entries
     // past the count are stale and dropped.
-    num_passes = __ldcg(p.num_passes);
-    const int total = num_passes * row_groups;
+    num_passes = load_list(list.num_passes);
+    const int total = num_passes * row_groups, capacity = kInBlock ? shape.list_passes : p.pass_capacity;
     for (int k = threadIdx.x; k < shape.max_items; k += kBlockThreads) {
       const int item = int(blockIdx.x) + k * int(gridDim.x);
-      const int4 pass = item / row_groups < p.pass_capacity ? __ldcg(p.passes + item / row_groups) : int4{};
+      const int4 pass = item / row_groups < capacity ? load_list(list.passes + item / row_groups) : int4{};
       if (item < total) s.items[k] = make_int4(pass.x, pass.y, pass.z, item % row_groups);
     }
     items = total > int(blockIdx.x) ? (total - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x) : 0;
@@ -141,17 +170,19 @@ struct ExpertStream {
   }
 
   // The entries' tokens (gate/up: all items' in one parallel round trip) and the first items'
-  // activations. Reads what the previous kernel wrote: after the PDL wait.
+  // activations, or (resident) all of the batch's, quantised here. Reads what the previous
+  // kernel wrote: after the PDL wait.
   __device__ void start_activations(const ExpertsTileParams& p) const {
     if (shape.gather) {
       for (int i = threadIdx.x; i < items * shape.tokens; i += kBlockThreads) {
         const int4 item = s.items[i / shape.tokens];
         const int t = i % shape.tokens;
-        if (t < item.z) s.tokens[i] = p.entry_token[item.y + t];
+        if (t < item.z) s.tokens[i] = load_list(list.entry_token + item.y + t);
       }
+      if (kResidentAct && !p.h_settled) quantize_rows(p, 0, p.batch, s.act, s.row_partial);
       __syncthreads();
     }
-    if (threadIdx.x / 32 == 0)
+    if (!kResidentAct && threadIdx.x / 32 == 0)
       for (int k = 0; k < kActBuffers; ++k) issue_activations(k);
   }
 
@@ -209,10 +240,11 @@ struct ExpertStream {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4;
     const int spi = shape.stages_per_item();
     const int b = k % kActBuffers;
-    gemv::stream::barrier_wait(&s.act_full[b], (k / kActBuffers) & 1u);
+    if constexpr (!kResidentAct) gemv::stream::barrier_wait(&s.act_full[b], (k / kActBuffers) & 1u);
     const int4 item = s.items[k];
     const int count = item.z;
-    const char* act = act_buffer(b);
+    const char* act = kResidentAct ? s.act : act_buffer(b);
+    const int* act_row = s.tokens + k * shape.tokens;  // (resident) entry t's token row, read per use: no registers
     const gemv::stream::PairUnpack unpack = gemv::stream::pair_unpack(quad);
 #pragma unroll
     for (int t = 0; t < kTokensPerPass; ++t) acc[t] = 0.f;
@@ -226,7 +258,7 @@ struct ExpertStream {
 #pragma unroll
         for (int t = 0; t < kTokensPerPass; ++t) {
           if (t >= count) break;
-          const char* a = act + t * shape.act_token_bytes() + (kb0 + jl) * gemv::kActBlockBytes;
+          const char* a = act + (kResidentAct ? act_row[t] : t) * shape.act_token_bytes() + (kb0 + jl) * gemv::kActBlockBytes;
           acc[t] += gemv::stream::quad_dot(w, gemv::stream::load_quad_activations(a, quad));
         }
       }
@@ -244,7 +276,7 @@ struct ExpertStream {
   // After the block barrier that ends item k: warp 0 refills its activation buffer with item
   // k + kActBuffers's.
   __device__ void refill_activations(int k) const {
-    if (threadIdx.x / 32 == 0) issue_activations(k + kActBuffers);
+    if (!kResidentAct && threadIdx.x / 32 == 0) issue_activations(k + kActBuffers);
   }
 };
 
@@ -252,8 +284,17 @@ struct ExpertStream {
 
 // Unit u = (matrix u % 2, row u / 2): a warp's groups 2i and 2i+1 hold the gate and up rows of
 // one row, so silu(g)*u is one shuffle away.
+// The caller has not waited for the routing: a settled h is quantised first (resident activations).
+template <bool kInBlock>
 __device__ inline void gate_up_stream(const ExpertsTileParams& p, const StreamShape& shape, char* smem) {
-  const ExpertStream<2> stream(p, shape, smem, gate_up_row_groups(p.inter));
+  if (kInBlock && p.h_settled) {
+    const StreamSmem s(smem, shape);
+    quantize_rows(p, 0, p.batch, s.act, s.row_partial);
+  }
+  device::wait_for_upstream();  // the routing (and the work list or h) come from upstream
+  device::allow_downstream();
+  const ExpertStream<2, kInBlock> stream(p, shape, smem, gate_up_row_groups(p.inter));
+  if (kInBlock && blockIdx.x == 0) reset_chunk_counters(p);  // (the prepare kernel's job otherwise)
   stream.start_activations(p);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, unit = warp * 8 + lane / 4;
   std::uint32_t stage = 0;
@@ -282,8 +323,9 @@ __device__ inline void gate_up_stream(const ExpertsTileParams& p, const StreamSh
 // ---- down + combine -----------------------------------------------------------------------------
 
 // The caller has not waited for the gate/up kernel: the weights start streaming first.
+template <bool kInBlock>
 __device__ inline void down_stream(const ExpertsTileParams& p, const StreamShape& shape, char* smem) {
-  const ExpertStream<1> stream(p, shape, smem, down_row_chunks(p.hidden));
+  const ExpertStream<1, kInBlock> stream(p, shape, smem, down_row_chunks(p.hidden));
   device::wait_for_upstream();  // act_mid comes from the gate/up kernel
   device::allow_downstream();
   stream.start_activations(p);
@@ -314,7 +356,7 @@ __device__ inline void down_stream(const ExpertsTileParams& p, const StreamShape
     __syncthreads();  // (the ring is idle now: the combine stages its entry lists there)
     if (!stream.s.last[k]) continue;
     const int chunk = stream.s.items[k].w;
-    combine_chunk(p, chunk, stream.s.ring);
+    combine_chunk(p, stream.list, chunk, stream.s.ring);
     if (threadIdx.x == 0) p.chunk_done[chunk] = 0;  // ready for the next step
   }
 }

@@ -1,12 +1,15 @@
 // Device pieces of the expert stage (specs/moe.md §4-§7) besides the streaming bodies
 // (moe_expert_stream.cuh): the work list, the activation quantiser for the expert input, the
 // sub-block quantiser of silu(g)*u and the ordered combine.
-//   prepare_tile : tile 0 builds the work list from ids[batch][k]: entries grouped by expert in
-//                  ascending id, tokens ascending inside an expert, shared experts appended as
-//                  always-on pseudo-experts of weight 1, pad rows left out; each expert's entries
-//                  cut into passes of tokens_per_pass; per token, its entries in ascending expert
-//                  id. Tiles 1.. quantise h (or rmsnorm(h) * gamma) to the int8 activation
-//                  format of the Q4_K GEMVs (gemv/activation_q8.cuh).
+//   build_work_list: from ids[batch][k]: entries grouped by expert in ascending id, tokens
+//                  ascending inside an expert, shared experts appended as always-on
+//                  pseudo-experts of weight 1, pad rows left out; each expert's entries cut into
+//                  passes of tokens_per_pass; per token, its entries in ascending expert id.
+//                  Written to global memory by the prepare kernel (general plan) or to each
+//                  stream block's shared memory (small batches: no prepare kernel).
+//   prepare_tile : tile 0 builds the global work list; tile 1 + t quantises token t's row of h
+//                  (or rmsnorm(h) * gamma, quantize_rows) to the int8 activation format of the
+//                  Q4_K GEMVs (gemv/activation_q8.cuh).
 //   combine_chunk: x[t][row] += sum_j w_j * y[entry_j][row] over a token's entries in ascending
 //                  expert id (shared last), run by the last down item of a row chunk to finish.
 //                  One owner per output element, no float atomics.
@@ -45,6 +48,7 @@ struct ExpertsTileParams {
   const float* h;                // [batch][hidden]
   const float* gamma;            // optional [hidden]: quantise rmsnorm(h) * gamma
   float eps;
+  bool h_settled;                // h may be read before the PDL wait (MoeExpertsParams::h_settled)
   float* x;                      // [batch][hidden], in place
   const int* ids;                // [batch][k]
   const float* weights;          // [batch][k]
@@ -63,11 +67,27 @@ struct ExpertsTileParams {
   float* y;                      // [max_entries][hidden] down outputs, unweighted
 };
 
+// Where a work list lives: the workspace (written by the prepare kernel) or a stream block's
+// shared memory (built by the block itself).
+struct WorkList {
+  int* num_passes;     // [1]
+  int4* passes;        // {expert, first entry, entries, 0}, ascending expert
+  int* entry_token;    // [entries]
+  float* entry_weight; // [entries]
+  int* token_entries;  // [batch][k+S]: a token's entries in ascending expert id, -1 after the last
+};
+__host__ __device__ inline WorkList global_work_list(const ExpertsTileParams& p) {
+  return {p.num_passes, p.passes, p.entry_token, p.entry_weight, p.token_entries};
+}
+// A list read by another kernel's blocks goes through L2 (ld.cg); a block's own list is shared memory.
+template <class T>
+__device__ __forceinline__ T load_list(const T* at) {
+  return __isGlobal(at) ? __ldcg(at) : *at;
+}
+
 // ---- host-visible sizes ------------------------------------------------------------------------
 
-__host__ __device__ inline int prepare_tiles(int max_batch, int hidden_blocks) {
-  return 1 + (max_batch * hidden_blocks + kWarpsPerBlock - 1) / kWarpsPerBlock;
-}
+__host__ __device__ inline int prepare_tiles(int max_batch) { return 1 + max_batch; }
 __host__ __device__ inline int gate_up_row_groups(int inter) { return inter / kGateUpRows; }
 __host__ __device__ inline int down_row_chunks(int hidden) { return hidden / kDownRows; }
 // Passes of a work list: each active expert's entries in runs of tokens_per_pass.
@@ -102,20 +122,22 @@ __device__ __forceinline__ bool slot_valid(const int* ids, int top_k, int token,
   return true;
 }
 
-__device__ inline void build_work_list(const ExpertsTileParams& p, char* smem) {
-  PlanSmem& s = *reinterpret_cast<PlanSmem*>(smem);
+// The small-batch down kernel builds its list before its PDL wait, while the gate/up kernel still
+// runs: the routing it reads is complete by then, but is read through L2 (ld.cg) all the same, so
+// no stale L1 line can serve ids, weights or slot ids. Bad ids of real tokens raise the error
+// flag when `report_errors`. Ends with a block barrier: the list is complete and `s` is free again.
+__device__ inline void build_work_list(const ExpertsTileParams& p, const WorkList& out, PlanSmem& s, bool report_errors) {
   const int experts = p.num_experts + p.num_shared;
   const int per_token = p.top_k + p.num_shared;
   const int slots = p.batch * p.top_k;
   // Token t (< 64 <= the block's threads) is thread t's: its pad check loads with the ids.
   static_assert(ops::kMaxMoeBatch <= 64 && ops::kMaxMoeBatch <= kBlockThreads);
-  const bool real_token = int(threadIdx.x) < p.batch && !pad_row(p, threadIdx.x);
+  const bool real_token = int(threadIdx.x) < p.batch && !(p.slot_ids && __ldcg(p.slot_ids + threadIdx.x) < 0);
   for (int t = threadIdx.x; t < p.batch; t += kBlockThreads) s.token_valid[t] = 0;
   for (int i = threadIdx.x; i < slots; i += kBlockThreads) {
-    const int id = p.ids[i];
+    const int id = __ldcg(p.ids + i);
     s.ids[i] = id >= 0 && id < p.num_experts ? id : -1;
   }
-  for (int c = threadIdx.x; c < down_row_chunks(p.hidden); c += kBlockThreads) p.chunk_done[c] = 0;
   const unsigned real_bits = __ballot_sync(0xFFFFFFFFu, real_token);
   if (threadIdx.x % 32 == 0 && threadIdx.x < 64) reinterpret_cast<unsigned*>(&s.real_tokens)[threadIdx.x / 32] = real_bits;
   __syncthreads();
@@ -129,7 +151,7 @@ __device__ inline void build_work_list(const ExpertsTileParams& p, char* smem) {
     if (valid) {
       atomicOr(&s.token_mask[s.ids[i]], 1ull << t);  // integer OR: order-free, deterministic
       atomicAdd(&s.token_valid[t], 1);
-    } else if ((real_tokens >> t & 1) && p.error_flag) {
+    } else if ((real_tokens >> t & 1) && report_errors && p.error_flag) {
       *p.error_flag = 1;
     }
   }
@@ -153,64 +175,98 @@ __device__ inline void build_work_list(const ExpertsTileParams& p, char* smem) {
     const int first = packed[i] & 0xFFFF, n = __popcll(s.token_mask[e]);
     s.entry_offset[e] = first;
     for (int q = 0; q * p.tokens_per_pass < n; ++q)
-      p.passes[(packed[i] >> 16) + q] = make_int4(e, first + q * p.tokens_per_pass, min(p.tokens_per_pass, n - q * p.tokens_per_pass), 0);
+      out.passes[(packed[i] >> 16) + q] = make_int4(e, first + q * p.tokens_per_pass, min(p.tokens_per_pass, n - q * p.tokens_per_pass), 0);
   }
-  if (threadIdx.x == 0) *p.num_passes = total >> 16;
+  if (threadIdx.x == 0) *out.num_passes = total >> 16;
   __syncthreads();
 
   // Entry of (token t, expert e) = first entry of e + number of tokens below t routed to e; its
   // place in the token's list = number of the token's valid ids below e (ids are distinct).
-  for (int i = threadIdx.x; i < p.batch * per_token; i += kBlockThreads) p.token_entries[i] = -1;
+  for (int i = threadIdx.x; i < p.batch * per_token; i += kBlockThreads) out.token_entries[i] = -1;
   __syncthreads();
   for (int i = threadIdx.x; i < slots; i += kBlockThreads) {
     if (!s.valid[i]) continue;
     const int t = i / p.top_k, id = s.ids[i];
     const int at = s.entry_offset[id] + __popcll(s.token_mask[id] & ((1ull << t) - 1));
-    p.entry_token[at] = t;
-    p.entry_weight[at] = p.weights[i];
+    out.entry_token[at] = t;
+    out.entry_weight[at] = __ldcg(p.weights + i);
     int rank = 0;
     for (int j = 0; j < p.top_k; ++j) rank += (s.valid[t * p.top_k + j] && s.ids[t * p.top_k + j] < id) ? 1 : 0;
-    p.token_entries[t * per_token + rank] = at;
+    out.token_entries[t * per_token + rank] = at;
   }
   for (int i = threadIdx.x; i < p.num_shared * p.batch; i += kBlockThreads) {
     const int e = p.num_experts + i / p.batch, t = i % p.batch;
     if (!(real_tokens >> t & 1)) continue;
     const int at = s.entry_offset[e] + __popcll(real_tokens & ((1ull << t) - 1));
-    p.entry_token[at] = t;
-    p.entry_weight[at] = 1.f;
-    p.token_entries[t * per_token + s.token_valid[t] + i / p.batch] = at;
+    out.entry_token[at] = t;
+    out.entry_weight[at] = 1.f;
+    out.token_entries[t * per_token + s.token_valid[t] + i / p.batch] = at;
+  }
+  __syncthreads();
+}
+
+// The down kernel's row-chunk counters start each step at zero (the combine also resets each
+// one it used). Called by one block of the kernel before the down kernel.
+__device__ inline void reset_chunk_counters(const ExpertsTileParams& p) {
+  for (int c = threadIdx.x; c < down_row_chunks(p.hidden); c += kBlockThreads) p.chunk_done[c] = 0;
+}
+
+// Warp-wide: this lane's 8 values of 256-value block b of token t's input row; returns the
+// block's sum of squares (lane sums in index order, then a fixed butterfly).
+__device__ __forceinline__ float load_h_block(const ExpertsTileParams& p, int t, int b, float (&v)[8]) {
+  const float4* src = reinterpret_cast<const float4*>(p.h + std::int64_t(t) * p.hidden + b * 256 + threadIdx.x % 32 * 8);
+  const float4 a = src[0], c = src[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = c.x, v[5] = c.y, v[6] = c.z, v[7] = c.w;
+  float sum_sq = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) sum_sq = fmaf(v[i], v[i], sum_sq);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) sum_sq += __shfl_xor_sync(0xFFFFFFFFu, sum_sq, offset);
+  return sum_sq;
+}
+
+// Block-wide: the int8 activations of rows first_token.. first_token + tokens - 1 of h (or of
+// rmsnorm(h) * gamma) into out[token][block] (kActBlockBytes each). The warps take the (token,
+// block) units in turn; with the norm, each unit's sum of squares goes to `partial` (shared,
+// tokens x hidden_blocks floats) and a token's is the sum of its blocks' in block order, so every
+// caller gets the same 1/rms bit for bit, in two parallel L2 round trips.
+__device__ inline void quantize_rows(const ExpertsTileParams& p, int first_token, int tokens, char* out, float* partial) {
+  const int units = tokens * p.hidden_blocks;
+  if (p.gamma) {
+#pragma unroll 2
+    for (int u = threadIdx.x / 32; u < units; u += kWarpsPerBlock) {
+      float v[8];
+      const float sum_sq = load_h_block(p, first_token + u / p.hidden_blocks, u % p.hidden_blocks, v);
+      if (threadIdx.x % 32 == 0) partial[u] = sum_sq;
+    }
+    __syncthreads();
+  }
+  for (int u = threadIdx.x / 32; u < units; u += kWarpsPerBlock) {
+    const int t = u / p.hidden_blocks, b = u % p.hidden_blocks;
+    float v[8];
+    load_h_block(p, first_token + t, b, v);  // (the sum is not needed here: partial[] holds it)
+    if (p.gamma) {
+      float sum_sq = 0.f;
+      for (int k = 0; k < p.hidden_blocks; ++k) sum_sq += partial[t * p.hidden_blocks + k];
+      const float inv_rms = rsqrtf(sum_sq / float(p.hidden) + p.eps);
+      float gv[8];
+      device::ldg_float8(p.gamma + b * 256 + threadIdx.x % 32 * 8, gv);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = v[i] * inv_rms * gv[i];
+    }
+    gemv::quantize_act_block(v, out + std::int64_t(u) * gemv::kActBlockBytes);
   }
 }
 
 __device__ inline void prepare_tile(const ExpertsTileParams& p, int tile, char* smem) {
   if (tile == 0) {
-    build_work_list(p, smem);
+    reset_chunk_counters(p);
+    build_work_list(p, global_work_list(p), *reinterpret_cast<PlanSmem*>(smem), true);
     return;
   }
-  const int unit = (tile - 1) * kWarpsPerBlock + threadIdx.x / 32;  // (token, 256-value block)
-  if (unit >= p.batch * p.hidden_blocks) return;
-  const int t = unit / p.hidden_blocks, b = unit % p.hidden_blocks, lane = threadIdx.x % 32;
-  const float* row = p.h + std::int64_t(t) * p.hidden;
-  const float4* src = reinterpret_cast<const float4*>(row + b * 256 + lane * 8);
-  const float4 a = src[0], c = src[1];
-  float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
-  if (p.gamma) {  // each of the row's warps sums the whole row in the same order: one 1/rms per token
-    const float4* whole = reinterpret_cast<const float4*>(row);
-    float sum_sq = 0.f;
-#pragma unroll 4
-    for (int i = lane; i < p.hidden / 4; i += 32) {
-      const float4 q = whole[i];
-      sum_sq = fmaf(q.x, q.x, fmaf(q.y, q.y, fmaf(q.z, q.z, fmaf(q.w, q.w, sum_sq))));
-    }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) sum_sq += __shfl_xor_sync(0xFFFFFFFFu, sum_sq, offset);
-    const float inv_rms = rsqrtf(sum_sq / float(p.hidden) + p.eps);
-    float gv[8];
-    device::ldg_float8(p.gamma + b * 256 + lane * 8, gv);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = v[i] * inv_rms * gv[i];
-  }
-  gemv::quantize_act_block(v, p.act_in + std::int64_t(unit) * gemv::kActBlockBytes);
+  const int t = tile - 1;  // one token per tile
+  if (t >= p.batch) return;
+  quantize_rows(p, t, 1, p.act_in + std::int64_t(t) * p.hidden_blocks * gemv::kActBlockBytes, reinterpret_cast<float*>(smem));
 }
 
 // ---- the silu(g)*u quantiser --------------------------------------------------------------------
@@ -243,17 +299,17 @@ __device__ __forceinline__ void quantize_sub_block(const float* mid, int sub_blo
 // ---- the ordered combine ------------------------------------------------------------------------
 
 // x[t][row] += sum over the token's entries (ascending expert id, shared last) of w * y, for the
-// kDownRows rows of `chunk_index`. The entry lists and weights are staged in `scratch` first
-// (batch x (k + S) ints and floats), so each output's y loads are independent; y comes from other
-// blocks: read through L2 (ld.global.cg).
-__device__ inline void combine_chunk(const ExpertsTileParams& p, int chunk_index, char* scratch) {
+// kDownRows rows of `chunk_index`. The entry lists and weights of `list` are staged in `scratch`
+// first (batch x (k + S) ints and floats), so each output's y loads are independent; y comes from
+// other blocks: read through L2 (ld.global.cg).
+__device__ inline void combine_chunk(const ExpertsTileParams& p, const WorkList& list, int chunk_index, char* scratch) {
   const int per_token = p.top_k + p.num_shared, lists = p.batch * per_token;
   int* entries = reinterpret_cast<int*>(scratch);
   float* weight = reinterpret_cast<float*>(entries + lists);
   for (int i = threadIdx.x; i < lists; i += kBlockThreads) {
-    const int entry = __ldcg(p.token_entries + i);
+    const int entry = load_list(list.token_entries + i);
     entries[i] = entry;
-    weight[i] = entry >= 0 ? __ldcg(p.entry_weight + entry) : 0.f;
+    weight[i] = entry >= 0 ? load_list(list.entry_weight + entry) : 0.f;
   }
   __syncthreads();
   for (int i = threadIdx.x; i < p.batch * kDownRows; i += kBlockThreads) {

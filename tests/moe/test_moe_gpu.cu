@@ -597,8 +597,10 @@ TEST(MoeExpertsGpu, SmallGraphReplayIsDeterministic) {
   CUDA_OK(cudaStreamSynchronize(stream));
   const auto eager = m.run(batch, h, x, ids.download(), weights.download());
 
-  // Router + experts captured into one graph; each replay restores x first.
-  const ops::MoeExpertsParams e = m.params(batch, d_h.get(), d_x.get(), ids.get(), weights.get(), nullptr);
+  // Router + experts captured into one graph; each replay restores x first. h is settled before
+  // the router runs, so the experts may quantise it early (the eager run above did not).
+  ops::MoeExpertsParams e = m.params(batch, d_h.get(), d_x.get(), ids.get(), weights.get(), nullptr);
+  e.h_settled = true;
   ids.poison();
   weights.poison();
   cudaGraph_t graph;

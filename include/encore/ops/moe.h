@@ -124,6 +124,10 @@ struct MoeExpertsParams {
   const float* norm_weight = nullptr;    // [hidden], 16-byte aligned
   float norm_eps = 1e-5f;
   float* x = nullptr;                    // [batch][hidden] residual stream, updated in place
+  // Set when h was complete before the kernel that launches right before moe_experts started (as
+  // when moe_router runs in between): small batches then quantise h while that kernel (the
+  // routing) still runs. Leave it false when the preceding kernel writes h.
+  bool h_settled = false;
   const int* topk_ids = nullptr;         // [batch][top_k] (device; e.g. from moe_router)
   const float* topk_weights = nullptr;   // [batch][top_k] (routed scale already applied)
   const int* slot_ids = nullptr;         // optional [batch] (device); slot_ids[t] < 0: pad row, no work, x[t] untouched
