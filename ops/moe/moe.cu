@@ -128,17 +128,24 @@ struct StreamPlan {
 
 constexpr int kWantStages = 4, kMinStages = 2, kSmallBatchGateUpBlocks = 3;
 
+// What the plan depends on: the SM count and the opt-in shared memory per block.
+struct DeviceLimits {
+  int sms;
+  std::size_t smem_per_block;
+};
+DeviceLimits current_limits() { return {detail::sm_count(), std::size_t(detail::max_shared_memory_per_block())}; }
+
 // Fills shape (k_blocks, tokens, gather set) for `row_groups` items per pass at blocks_per_sm
 // blocks per SM; false if fewer than min_stages fit.
-bool fit_stream(moe::StreamShape& shape, int passes, int row_groups, int min_stages, int blocks_per_sm, int& grid,
-                std::size_t& smem) {
+bool fit_stream(const DeviceLimits& dev, moe::StreamShape& shape, int passes, int row_groups, int min_stages, int blocks_per_sm,
+                int& grid, std::size_t& smem) {
   const std::int64_t items = std::int64_t(passes) * row_groups;
-  grid = int(std::max<std::int64_t>(1, std::min<std::int64_t>(items, std::int64_t(detail::sm_count()) * blocks_per_sm)));
+  grid = int(std::max<std::int64_t>(1, std::min<std::int64_t>(items, std::int64_t(dev.sms) * blocks_per_sm)));
   shape.stage_blocks = moe::stream_stage_blocks(shape.k_blocks);
   shape.max_items = int((items + grid - 1) / grid);
   constexpr std::size_t kReservedPerBlock = 1024;  // the runtime's shared memory per block
   const std::size_t limit =
-      std::size_t(detail::max_shared_memory_per_block()) / blocks_per_sm - (blocks_per_sm > 1 ? kReservedPerBlock : 0);
+      dev.smem_per_block / blocks_per_sm - (blocks_per_sm > 1 ? kReservedPerBlock : 0);
   for (shape.stages = moe::kMaxRingStages; shape.stages >= min_stages; --shape.stages) {
     smem = moe::StreamSmem(nullptr, shape).bytes;
     if (smem <= limit) return true;
@@ -148,8 +155,8 @@ bool fit_stream(moe::StreamShape& shape, int passes, int row_groups, int min_sta
 
 // Both streams for `tokens` entries per pass over the passes of `batch` tokens; in_block: each
 // block holds a list of `batch` tokens' entries and builds it in its ring.
-bool fit_plan(const MoeExpertsParams& a, int batch, int tokens, int gate_up_blocks, int min_stages, bool in_block,
-              StreamPlan& plan) {
+bool fit_plan(const DeviceLimits& dev, const MoeExpertsParams& a, int batch, int tokens, int gate_up_blocks, int min_stages,
+              bool in_block, StreamPlan& plan) {
   const int passes = moe::max_passes(batch, a.num_experts, a.num_shared, a.top_k, tokens);
   plan.tokens = tokens;
   plan.gate_up_blocks = gate_up_blocks;
@@ -157,9 +164,9 @@ bool fit_plan(const MoeExpertsParams& a, int batch, int tokens, int gate_up_bloc
   const int list_passes = in_block ? passes : 0, list_entries = in_block ? batch * (a.top_k + a.num_shared) : 0;
   plan.gate_up = {a.hidden / 256, 0, 0, tokens, 0, true, list_passes, list_entries};
   plan.down = {a.inter / 256, 0, 0, tokens, 0, false, list_passes, list_entries};
-  if (!fit_stream(plan.gate_up, passes, moe::gate_up_row_groups(a.inter), min_stages, gate_up_blocks, plan.gate_up_grid,
+  if (!fit_stream(dev, plan.gate_up, passes, moe::gate_up_row_groups(a.inter), min_stages, gate_up_blocks, plan.gate_up_grid,
                   plan.gate_up_smem) ||
-      !fit_stream(plan.down, passes, moe::down_row_chunks(a.hidden), min_stages, moe::kStreamBlocksPerSm, plan.down_grid,
+      !fit_stream(dev, plan.down, passes, moe::down_row_chunks(a.hidden), min_stages, moe::kStreamBlocksPerSm, plan.down_grid,
                   plan.down_smem))
     return false;
   if (in_block)
@@ -170,15 +177,15 @@ bool fit_plan(const MoeExpertsParams& a, int batch, int tokens, int gate_up_bloc
   return std::size_t(kWarpsPerBlock) * plan.down.stages * plan.down.stage_bytes() >= lists;
 }
 
-Status plan_streams(const MoeExpertsParams& a, StreamPlan& plan) {
+Status plan_streams(const DeviceLimits& dev, const MoeExpertsParams& a, StreamPlan& plan) {
   // Passes as wide as the batch: one per used expert.
   const std::int64_t small_items = std::int64_t(std::min(a.num_experts, a.batch * a.top_k) + a.num_shared) * moe::gate_up_row_groups(a.inter);
-  if (a.batch <= moe::kTokensPerPass && small_items <= std::int64_t(detail::sm_count()) * kSmallBatchGateUpBlocks &&
-      fit_plan(a, a.batch, a.batch, kSmallBatchGateUpBlocks, kMinStages, true, plan))
+  if (a.batch <= moe::kTokensPerPass && small_items <= std::int64_t(dev.sms) * kSmallBatchGateUpBlocks &&
+      fit_plan(dev, a, a.batch, a.batch, kSmallBatchGateUpBlocks, kMinStages, true, plan))
     return {};
   for (int min_stages : {kWantStages, kMinStages})
     for (int tokens = std::min(moe::kTokensPerPass, a.max_batch); tokens >= 1; --tokens)
-      if (fit_plan(a, a.max_batch, tokens, moe::kStreamBlocksPerSm, min_stages, false, plan)) return {};
+      if (fit_plan(dev, a, a.max_batch, tokens, moe::kStreamBlocksPerSm, min_stages, false, plan)) return {};
   return Status(StatusCode::kUnsupported, detail::concat("moe_experts: hidden = ", a.hidden, ", inter = ", a.inter,
                                                          ": the expert streams do not fit in shared memory"));
 }
@@ -362,7 +369,9 @@ std::size_t moe_experts_workspace_bytes(int max_batch, int num_experts, int num_
   return experts_layout(max_batch, num_experts, num_shared, top_k, hidden, inter).total;
 }
 
-Status moe_experts_validate(const MoeExpertsParams& a) {
+namespace {
+// The shape and batch checks (no pointers): all the plan needs.
+Status validate_experts_dims(const MoeExpertsParams& a) {
   const char* op = "moe_experts";
   ENCORE_REQUIRE(a.num_experts >= 1 && a.num_experts <= kMaxMoeExperts, StatusCode::kInvalidArgument, op,
                  ": num_experts must be in [1, ", kMaxMoeExperts, "] (got ", a.num_experts, ")");
@@ -374,7 +383,25 @@ Status moe_experts_validate(const MoeExpertsParams& a) {
                  ": hidden must be a positive multiple of 256 up to 65536 (got ", a.hidden, ")");
   ENCORE_REQUIRE(a.inter >= 256 && a.inter % 256 == 0 && a.inter <= kMaxMoeInter, StatusCode::kInvalidArgument, op,
                  ": inter must be a multiple of 256 in [256, ", kMaxMoeInter, "] (got ", a.inter, ")");
-  ENCORE_RETURN_IF_ERROR(validate_batch(op, a.batch, a.max_batch));
+  return validate_batch(op, a.batch, a.max_batch);
+}
+}  // namespace
+
+Status moe_experts_plan(const MoeExpertsParams& a, MoeExpertsPlan* out, int sm_count, std::size_t smem_per_block) {
+  ENCORE_REQUIRE(out, StatusCode::kInvalidArgument, "moe_experts_plan: null output");
+  ENCORE_RETURN_IF_ERROR(validate_experts_dims(a));
+  ENCORE_REQUIRE((sm_count == 0) == (smem_per_block == 0) && sm_count >= 0, StatusCode::kInvalidArgument,
+                 "moe_experts_plan: give both sm_count and smem_per_block (> 0), or neither (the current device)");
+  const DeviceLimits dev = sm_count > 0 ? DeviceLimits{sm_count, smem_per_block} : current_limits();
+  StreamPlan plan;
+  ENCORE_RETURN_IF_ERROR(plan_streams(dev, a, plan));
+  *out = {plan.in_block, plan.gate_up_blocks, plan.gate_up_grid, plan.down_grid, plan.tokens, plan.gate_up.stages, plan.down.stages};
+  return {};
+}
+
+Status moe_experts_validate(const MoeExpertsParams& a) {
+  const char* op = "moe_experts";
+  ENCORE_RETURN_IF_ERROR(validate_experts_dims(a));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.gate, 16, "gate"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.up, 16, "up"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.down, 16, "down"));
@@ -414,7 +441,7 @@ Status moe_experts_validate(const MoeExpertsParams& a) {
   // The streams' shared-memory plan depends on the device: checked here so that a pipeline's
   // validation (set_batch) reports it before any stage runs.
   StreamPlan plan;
-  return plan_streams(a, plan);
+  return plan_streams(current_limits(), a, plan);
 }
 
 Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
@@ -422,7 +449,7 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   const ExpertsLayout layout = experts_layout(a.max_batch, a.num_experts, a.num_shared, a.top_k, a.hidden, a.inter);
   StreamPlan plan;
-  ENCORE_RETURN_IF_ERROR(plan_streams(a, plan));
+  ENCORE_RETURN_IF_ERROR(plan_streams(current_limits(), a, plan));
 
   char* ws = static_cast<char*>(a.workspace);
   ExpertsTileParams p{};

@@ -347,5 +347,54 @@ TEST(MoeValidation, ValidatorsAcceptGoodArguments) {
   EXPECT_EQ(ops::moe_router_validate(r).code(), StatusCode::kOutOfRange);
 }
 
+// Which plan moe_experts runs, on an H200's limits (no device needed): the work list built inside
+// the stream blocks (no prepare kernel) only where every gate/up block gets at most one item; the
+// GPU tests' small model takes that path up to 8 tokens, Kimi's shape at B = 1 only.
+TEST(MoeExpertsPlan, InBlockListOnlyWhereEveryGateUpBlockGetsOneItem) {
+  constexpr int kSms = 132;
+  constexpr std::size_t kSmem = 232448;  // 227 KB opt-in per block
+  auto plan = [&](int E, int S, int k, int hidden, int inter, int batch) {
+    ops::MoeExpertsParams p;
+    p.num_experts = E, p.num_shared = S, p.top_k = k, p.hidden = hidden, p.inter = inter, p.batch = batch, p.max_batch = 64;
+    ops::MoeExpertsPlan out;
+    const Status st = ops::moe_experts_plan(p, &out, kSms, kSmem);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    return out;
+  };
+  // Kimi-Linear (256 + 1 experts, top-8, 2304 x 1024): at B = 1, 9 passes x 32 row groups = 288
+  // items for 3 x 132 blocks; from B = 2 the passes no longer fit one item per block.
+  const ops::MoeExpertsPlan kimi = plan(256, 1, 8, 2304, 1024, 1);
+  EXPECT_TRUE(kimi.in_block_list);
+  EXPECT_EQ(kimi.gate_up_blocks_per_sm, 3);
+  EXPECT_EQ(kimi.tokens_per_pass, 1);
+  EXPECT_EQ(kimi.gate_up_grid, 3 * kSms);
+  EXPECT_EQ(kimi.gate_up_stages, 2);
+  for (const int batch : {2, 4, 8, 32, 64}) {
+    SCOPED_TRACE(batch);
+    const ops::MoeExpertsPlan general = plan(256, 1, 8, 2304, 1024, batch);
+    EXPECT_FALSE(general.in_block_list);
+    EXPECT_EQ(general.gate_up_blocks_per_sm, 2);
+    EXPECT_EQ(general.gate_up_grid, 2 * kSms);
+  }
+  // GGML's shape (128 experts, top-8, 2048 x 768): its 3-per-SM rings do not fit.
+  EXPECT_FALSE(plan(128, 0, 8, 2048, 768, 1).in_block_list);
+  // The GPU tests' small model (8 + 1 experts, top-2, 512 x 256).
+  for (const int batch : {1, 4, 8}) EXPECT_TRUE(plan(8, 1, 2, 512, 256, batch).in_block_list) << batch;
+  EXPECT_FALSE(plan(8, 1, 2, 512, 256, 9).in_block_list);  // more tokens than one pass holds
+
+  // Without limits: the current device (an H200's facts where there is none).
+  ops::MoeExpertsParams p;
+  p.num_experts = 256, p.num_shared = 1, p.top_k = 8, p.hidden = 2304, p.inter = 1024, p.batch = 1, p.max_batch = 64;
+  ops::MoeExpertsPlan here;
+  ASSERT_TRUE(ops::moe_experts_plan(p, &here).ok());
+  EXPECT_GT(here.gate_up_grid, 0);
+  // Bad arguments: a null output, one limit without the other, dims outside the op's bounds.
+  EXPECT_EQ(ops::moe_experts_plan(p, nullptr, kSms, kSmem).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ops::moe_experts_plan(p, &here, kSms, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ops::moe_experts_plan(p, &here, -1, kSmem).code(), StatusCode::kInvalidArgument);
+  p.batch = 65;
+  EXPECT_EQ(ops::moe_experts_plan(p, &here, kSms, kSmem).code(), StatusCode::kOutOfRange);
+}
+
 }  // namespace
 }  // namespace encore

@@ -139,6 +139,19 @@ struct MoeExpertsParams {
 };
 
 std::size_t moe_experts_workspace_bytes(int max_batch, int num_experts, int num_shared, int top_k, int hidden, int inter);
+
+// How moe_experts runs a call of these dims (pointers are not looked at) on a device with
+// `sm_count` SMs and `smem_per_block` bytes of opt-in shared memory per block (both 0: the
+// current device). Small batches whose used experts give every gate/up block at most one item
+// run 2 kernels that build the work list themselves; the others 3 (prepare, gate/up, down).
+struct MoeExpertsPlan {
+  bool in_block_list = false;  // no prepare kernel
+  int gate_up_blocks_per_sm = 0;
+  int gate_up_grid = 0, down_grid = 0;
+  int tokens_per_pass = 0;
+  int gate_up_stages = 0, down_stages = 0;  // ring buffers per warp
+};
+Status moe_experts_plan(const MoeExpertsParams& p, MoeExpertsPlan* plan, int sm_count = 0, std::size_t smem_per_block = 0);
 // The launcher's argument checks alone, without a device or a launch.
 Status moe_experts_validate(const MoeExpertsParams& p);
 Status moe_experts(const MoeExpertsParams& p, cudaStream_t stream);
