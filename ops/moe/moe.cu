@@ -120,7 +120,6 @@ ExpertsLayout experts_layout(int max_batch, int num_experts, int num_shared, int
 // B = 4 3122 us without it, 3198 with it).
 struct StreamPlan {
   moe::StreamShape gate_up, down;
-  bool in_block = false;  // the small-batch plan: lists built in the blocks
   int tokens = 0, gate_up_grid = 0, down_grid = 0;
   int gate_up_blocks = moe::kStreamBlocksPerSm;  // per SM (the down kernel always runs kStreamBlocksPerSm)
   std::size_t gate_up_smem = 0, down_smem = 0;
@@ -160,7 +159,6 @@ bool fit_plan(const DeviceLimits& dev, const MoeExpertsParams& a, int batch, int
   const int passes = moe::max_passes(batch, a.num_experts, a.num_shared, a.top_k, tokens);
   plan.tokens = tokens;
   plan.gate_up_blocks = gate_up_blocks;
-  plan.in_block = in_block;
   const int list_passes = in_block ? passes : 0, list_entries = in_block ? batch * (a.top_k + a.num_shared) : 0;
   plan.gate_up = {a.hidden / 256, 0, 0, tokens, 0, true, list_passes, list_entries};
   plan.down = {a.inter / 256, 0, 0, tokens, 0, false, list_passes, list_entries};
@@ -395,7 +393,7 @@ Status moe_experts_plan(const MoeExpertsParams& a, MoeExpertsPlan* out, int sm_c
   const DeviceLimits dev = sm_count > 0 ? DeviceLimits{sm_count, smem_per_block} : current_limits();
   StreamPlan plan;
   ENCORE_RETURN_IF_ERROR(plan_streams(dev, a, plan));
-  *out = {plan.in_block, plan.gate_up_blocks, plan.gate_up_grid, plan.down_grid, plan.tokens, plan.gate_up.stages, plan.down.stages};
+  *out = {plan.gate_up.in_block(), plan.gate_up_blocks, plan.gate_up_grid, plan.down_grid, plan.tokens, plan.gate_up.stages, plan.down.stages};
   return {};
 }
 
@@ -491,7 +489,7 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
 
   // The general plan's grids depend on max_batch only, so one capture at max_batch serves any
   // routing; the small-batch plan (in-block lists) is the batch's own.
-  if (plan.in_block) {
+  if (plan.gate_up.in_block()) {
     ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel<kSmallBatchGateUpBlocks, true>, plan.gate_up_grid,
                                           plan.gate_up_smem, stream, true, "moe gate/up kernel", p, plan.gate_up));
     return detail::launch(moe_down_kernel<true>, plan.down_grid, plan.down_smem, stream, true, "moe down kernel", p, plan.down);

@@ -283,8 +283,8 @@ struct ExpertStream {
 // ---- gate/up ------------------------------------------------------------------------------------
 
 // Unit u = (matrix u % 2, row u / 2): a warp's groups 2i and 2i+1 hold the gate and up rows of
-// one row, so silu(g)*u is one shuffle away.
-// The caller has not waited for the routing: a settled h is quantised first (resident activations).
+// one row, so silu(g)*u is one shuffle away. The caller has not waited for the routing: a settled
+// h is quantised first (resident activations).
 template <bool kInBlock>
 __device__ inline void gate_up_stream(const ExpertsTileParams& p, const StreamShape& shape, char* smem) {
   if (kInBlock && p.h_settled) {

@@ -108,7 +108,8 @@ struct PlanSmem {
 };
 __host__ __device__ constexpr std::size_t prepare_smem_bytes() { return sizeof(PlanSmem); }
 
-__device__ __forceinline__ bool pad_row(const ExpertsTileParams& p, int token) { return p.slot_ids && p.slot_ids[token] < 0; }
+// (through L2: the small-batch down kernel reads slot ids before its PDL wait)
+__device__ __forceinline__ bool pad_row(const ExpertsTileParams& p, int token) { return p.slot_ids && __ldcg(p.slot_ids + token) < 0; }
 
 // ---- prepare ------------------------------------------------------------------------------------
 
@@ -132,7 +133,7 @@ __device__ inline void build_work_list(const ExpertsTileParams& p, const WorkLis
   const int slots = p.batch * p.top_k;
   // Token t (< 64 <= the block's threads) is thread t's: its pad check loads with the ids.
   static_assert(ops::kMaxMoeBatch <= 64 && ops::kMaxMoeBatch <= kBlockThreads);
-  const bool real_token = int(threadIdx.x) < p.batch && !(p.slot_ids && __ldcg(p.slot_ids + threadIdx.x) < 0);
+  const bool real_token = int(threadIdx.x) < p.batch && !pad_row(p, threadIdx.x);
   for (int t = threadIdx.x; t < p.batch; t += kBlockThreads) s.token_valid[t] = 0;
   for (int i = threadIdx.x; i < slots; i += kBlockThreads) {
     const int id = __ldcg(p.ids + i);
