@@ -103,6 +103,7 @@ struct PlanSmem {
   int entry_offset[kMaxPlanExperts];
   int token_valid[ops::kMaxMoeBatch];              // routed slots of each token that count
   int ids[ops::kMaxMoeBatch * ops::kMaxMoeTopK];   // the routing, out-of-range ids as -1
+  float weights[ops::kMaxMoeBatch * ops::kMaxMoeTopK];
   bool valid[ops::kMaxMoeBatch * ops::kMaxMoeTopK];
   typename cub::BlockScan<int, kBlockThreads>::TempStorage scan;
 };
@@ -126,7 +127,9 @@ __device__ __forceinline__ bool slot_valid(const int* ids, int top_k, int token,
 // The small-batch down kernel builds its list before its PDL wait, while the gate/up kernel still
 // runs: the routing it reads is complete by then, but is read through L2 (ld.cg) all the same, so
 // no stale L1 line can serve ids, weights or slot ids. Bad ids of real tokens raise the error
-// flag when `report_errors`. Ends with a block barrier: the list is complete and `s` is free again.
+// flag when `report_errors`. Everything global is loaded in one round trip at the start (the
+// build sits on the critical path of both small-batch stream kernels). Ends with a block
+// barrier: the list is complete and `s` is free again.
 __device__ inline void build_work_list(const ExpertsTileParams& p, const WorkList& out, PlanSmem& s, bool report_errors) {
   const int experts = p.num_experts + p.num_shared;
   const int per_token = p.top_k + p.num_shared;
@@ -134,17 +137,21 @@ __device__ inline void build_work_list(const ExpertsTileParams& p, const WorkLis
   // Token t (< 64 <= the block's threads) is thread t's: its pad check loads with the ids.
   static_assert(ops::kMaxMoeBatch <= 64 && ops::kMaxMoeBatch <= kBlockThreads);
   const bool real_token = int(threadIdx.x) < p.batch && !pad_row(p, threadIdx.x);
-  for (int t = threadIdx.x; t < p.batch; t += kBlockThreads) s.token_valid[t] = 0;
-  for (int i = threadIdx.x; i < slots; i += kBlockThreads) {
+  for (int i = threadIdx.x; i < slots; i += kBlockThreads) {  // one round trip up to 256 slots
     const int id = __ldcg(p.ids + i);
+    s.weights[i] = __ldcg(p.weights + i);
     s.ids[i] = id >= 0 && id < p.num_experts ? id : -1;
   }
+  // What needs none of the loads.
+  for (int t = threadIdx.x; t < p.batch; t += kBlockThreads) s.token_valid[t] = 0;
+  for (int e = threadIdx.x; e < p.num_experts; e += kBlockThreads) s.token_mask[e] = 0ull;
+  for (int i = threadIdx.x; i < p.batch * per_token; i += kBlockThreads) out.token_entries[i] = -1;
   const unsigned real_bits = __ballot_sync(0xFFFFFFFFu, real_token);
   if (threadIdx.x % 32 == 0 && threadIdx.x < 64) reinterpret_cast<unsigned*>(&s.real_tokens)[threadIdx.x / 32] = real_bits;
   __syncthreads();
   const unsigned long long real_tokens = s.real_tokens;
-  for (int e = threadIdx.x; e < experts; e += kBlockThreads) s.token_mask[e] = e >= p.num_experts ? real_tokens : 0ull;
-  __syncthreads();
+  // (the shared experts' masks: no routed id reaches them, so no atomic below touches them)
+  for (int e = p.num_experts + threadIdx.x; e < experts; e += kBlockThreads) s.token_mask[e] = real_tokens;
   for (int i = threadIdx.x; i < slots; i += kBlockThreads) {
     const int t = i / p.top_k;
     const bool valid = (real_tokens >> t & 1) && slot_valid(s.ids, p.top_k, t, i % p.top_k);
@@ -183,14 +190,12 @@ __device__ inline void build_work_list(const ExpertsTileParams& p, const WorkLis
 
   // Entry of (token t, expert e) = first entry of e + number of tokens below t routed to e; its
   // place in the token's list = number of the token's valid ids below e (ids are distinct).
-  for (int i = threadIdx.x; i < p.batch * per_token; i += kBlockThreads) out.token_entries[i] = -1;
-  __syncthreads();
   for (int i = threadIdx.x; i < slots; i += kBlockThreads) {
     if (!s.valid[i]) continue;
     const int t = i / p.top_k, id = s.ids[i];
     const int at = s.entry_offset[id] + __popcll(s.token_mask[id] & ((1ull << t) - 1));
     out.entry_token[at] = t;
-    out.entry_weight[at] = __ldcg(p.weights + i);
+    out.entry_weight[at] = s.weights[i];
     int rank = 0;
     for (int j = 0; j < p.top_k; ++j) rank += (s.valid[t * p.top_k + j] && s.ids[t * p.top_k + j] < id) ? 1 : 0;
     out.token_entries[t * per_token + rank] = at;
