@@ -170,9 +170,10 @@ bool fit_plan(const DeviceLimits& dev, const MoeExpertsParams& a, int batch, int
   if (in_block)
     for (const moe::StreamShape* shape : {&plan.gate_up, &plan.down})
       if (std::size_t(kWarpsPerBlock) * shape->stages * shape->stage_bytes() < moe::prepare_smem_bytes()) return false;
-  // The combine stages the entry lists in the (then idle) down ring.
-  const std::size_t lists = std::size_t(a.max_batch) * (a.top_k + a.num_shared) * 8;
-  return std::size_t(kWarpsPerBlock) * plan.down.stages * plan.down.stage_bytes() >= lists;
+  // The combine stages its chunk list and the entry lists in the (then idle) down ring.
+  const std::size_t combine =
+      moe::combine_chunk_list_bytes(plan.down.max_items) + moe::combine_lists_bytes(a.max_batch, a.top_k + a.num_shared);
+  return std::size_t(kWarpsPerBlock) * plan.down.stages * plan.down.stage_bytes() >= combine;
 }
 
 Status plan_streams(const DeviceLimits& dev, const MoeExpertsParams& a, StreamPlan& plan) {

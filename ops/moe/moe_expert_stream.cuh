@@ -344,7 +344,8 @@ __device__ inline void down_stream(const ExpertsTileParams& p, const StreamShape
 
   // Each row chunk is combined by the last of its num_passes items to finish (integer counters;
   // release: fence before the count, acquire: fence after reading the final count). The block
-  // counts all its items at once, so their round trips overlap.
+  // counts all its items at once, so their round trips overlap, and combines all its chunks in
+  // one pass. The ring is idle now: it holds the chunk list and the staged entry lists.
   __syncthreads();
   for (int k = threadIdx.x; k < stream.items; k += kBlockThreads) {
     __threadfence();
@@ -352,13 +353,22 @@ __device__ inline void down_stream(const ExpertsTileParams& p, const StreamShape
     if (last) __threadfence();
     stream.s.last[k] = last;
   }
-  for (int k = 0; k < stream.items; ++k) {
-    __syncthreads();  // (the ring is idle now: the combine stages its entry lists there)
-    if (!stream.s.last[k]) continue;
-    const int chunk = stream.s.items[k].w;
-    combine_chunk(p, stream.list, chunk, stream.s.ring);
-    if (threadIdx.x == 0) p.chunk_done[chunk] = 0;  // ready for the next step
+  __syncthreads();
+  int* chunks = reinterpret_cast<int*>(stream.s.ring);  // [0]: count, then the chunks
+  if (threadIdx.x == 0) {
+    int count = 0;
+    for (int k = 0; k < stream.items; ++k)
+      if (stream.s.last[k]) chunks[1 + count++] = stream.s.items[k].w;
+    chunks[0] = count;
   }
+  __syncthreads();
+  const int count = chunks[0];
+  if (count == 0) return;
+  const CombineLists lists =
+      stage_combine_lists(p, stream.list, stream.s.ring + combine_chunk_list_bytes(shape.max_items));
+  __syncthreads();
+  combine_chunks(p, lists, chunks + 1, count);
+  for (int c = threadIdx.x; c < count; c += kBlockThreads) p.chunk_done[chunks[1 + c]] = 0;  // ready for the next step
 }
 
 }  // namespace encore::moe

@@ -10,9 +10,9 @@
 //   prepare_tile : tile 0 builds the global work list; tile 1 + t quantises token t's row of h
 //                  (or rmsnorm(h) * gamma, quantize_rows) to the int8 activation format of the
 //                  Q4_K GEMVs (gemv/activation_q8.cuh).
-//   combine_chunk: x[t][row] += sum_j w_j * y[entry_j][row] over a token's entries in ascending
-//                  expert id (shared last), run by the last down item of a row chunk to finish.
-//                  One owner per output element, no float atomics.
+//   combine_chunks: x[t][row] += sum_j w_j * y[entry_j][row] over a token's entries in ascending
+//                   expert id (shared last), run by the last down item of a row chunk to finish.
+//                   One owner per output element, no float atomics.
 // A (row, token) dot product runs the same code in the same order whatever the batch, so a
 // token's output is bitwise independent of the other tokens.
 #pragma once
@@ -304,31 +304,61 @@ __device__ __forceinline__ void quantize_sub_block(const float* mid, int sub_blo
 
 // ---- the ordered combine ------------------------------------------------------------------------
 
-// x[t][row] += sum over the token's entries (ascending expert id, shared last) of w * y, for the
-// kDownRows rows of `chunk_index`. The entry lists and weights of `list` are staged in `scratch`
-// first (batch x (k + S) ints and floats), so each output's y loads are independent; y comes from
-// other blocks: read through L2 (ld.global.cg).
-__device__ inline void combine_chunk(const ExpertsTileParams& p, const WorkList& list, int chunk_index, char* scratch) {
-  const int per_token = p.top_k + p.num_shared, lists = p.batch * per_token;
-  int* entries = reinterpret_cast<int*>(scratch);
-  float* weight = reinterpret_cast<float*>(entries + lists);
+// The combine's view of the work list: every token's entries and their weights, staged once per
+// block in shared memory (they are the same for every row chunk).
+struct CombineLists {
+  int* entries;   // [batch][k+S], -1 after the token's last entry
+  float* weight;  // [batch][k+S]
+};
+__host__ __device__ inline std::size_t combine_lists_bytes(int batch, int per_token) {
+  return std::size_t(batch) * per_token * (sizeof(int) + sizeof(float));
+}
+// The down block's list of the chunks it combines ({count, chunk...}), ahead of the staged lists.
+__host__ __device__ inline std::size_t combine_chunk_list_bytes(int max_items) {
+  return ((std::size_t(max_items) + 1) * sizeof(int) + 15) & ~std::size_t(15);
+}
+__device__ inline CombineLists stage_combine_lists(const ExpertsTileParams& p, const WorkList& list, char* scratch) {
+  const int lists = p.batch * (p.top_k + p.num_shared);
+  CombineLists l{reinterpret_cast<int*>(scratch), reinterpret_cast<float*>(scratch) + lists};
   for (int i = threadIdx.x; i < lists; i += kBlockThreads) {
     const int entry = load_list(list.token_entries + i);
-    entries[i] = entry;
-    weight[i] = entry >= 0 ? load_list(list.entry_weight + entry) : 0.f;
+    l.entries[i] = entry;
+    l.weight[i] = entry >= 0 ? load_list(list.entry_weight + entry) : 0.f;
   }
-  __syncthreads();
-  for (int i = threadIdx.x; i < p.batch * kDownRows; i += kBlockThreads) {
-    const int t = i / kDownRows;
-    if (pad_row(p, t)) continue;
-    const std::int64_t row = std::int64_t(chunk_index) * kDownRows + i % kDownRows;
-    float acc = 0.f;
+  return l;
+}
+
+// x[t][row] += sum over the token's entries (ascending expert id, shared last) of w * y, for the
+// kDownRows rows of each of the `count` chunks in `chunks`, all in one parallel pass (a block
+// that finished several chunks no longer combines them one after another; each thread keeps
+// kOutputsInFlight outputs' loads in flight). y comes from other blocks: read through L2
+// (ld.global.cg). The lists must be staged and a block barrier passed. Each output is x + (its
+// entries' sum in list order), as before, whatever the chunk count.
+__device__ inline void combine_chunks(const ExpertsTileParams& p, const CombineLists& l, const int* chunks, int count) {
+  constexpr int kOutputsInFlight = 4;  // per thread: their loads issue together, then the stores
+  const int per_token = p.top_k + p.num_shared, chunk_rows = p.batch * kDownRows, outputs = count * chunk_rows;
+  for (int base = threadIdx.x; base < outputs; base += kOutputsInFlight * kBlockThreads) {
+    float acc[kOutputsInFlight];
+    std::int64_t at[kOutputsInFlight];
+#pragma unroll
+    for (int u = 0; u < kOutputsInFlight; ++u) {
+      const int i = base + u * kBlockThreads, t = i % chunk_rows / kDownRows;
+      at[u] = -1;
+      if (i >= outputs || pad_row(p, t)) continue;
+      const std::int64_t row = std::int64_t(chunks[i / chunk_rows]) * kDownRows + i % kDownRows;
+      at[u] = t * std::int64_t(p.hidden) + row;
+      acc[u] = p.x[at[u]];
+      float sum = 0.f;
 #pragma unroll 4
-    for (int j = 0; j < per_token; ++j) {
-      const int entry = entries[t * per_token + j];  // -1 after the token's last entry
-      if (entry >= 0) acc += weight[t * per_token + j] * __ldcg(p.y + entry * std::int64_t(p.hidden) + row);
+      for (int j = 0; j < per_token; ++j) {
+        const int entry = l.entries[t * per_token + j];  // -1 after the token's last entry
+        if (entry >= 0) sum += l.weight[t * per_token + j] * __ldcg(p.y + entry * std::int64_t(p.hidden) + row);
+      }
+      acc[u] += sum;
     }
-    p.x[t * std::int64_t(p.hidden) + row] += acc;
+#pragma unroll
+    for (int u = 0; u < kOutputsInFlight; ++u)
+      if (at[u] >= 0) p.x[at[u]] = acc[u];
   }
 }
 
