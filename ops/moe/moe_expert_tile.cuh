@@ -329,11 +329,11 @@ __device__ inline CombineLists stage_combine_lists(const ExpertsTileParams& p, c
 }
 
 // x[t][row] += sum over the token's entries (ascending expert id, shared last) of w * y, for the
-// kDownRows rows of each of the `count` chunks in `chunks`, all in one parallel pass (a block
-// that finished several chunks no longer combines them one after another; each thread keeps
-// kOutputsInFlight outputs' loads in flight). y comes from other blocks: read through L2
-// (ld.global.cg). The lists must be staged and a block barrier passed. Each output is x + (its
-// entries' sum in list order), as before, whatever the chunk count.
+// kDownRows rows of each of the `count` chunks in `chunks`, all in one parallel pass: a block
+// that is last for several chunks would otherwise pay their L2 round trips one after another.
+// Each thread keeps kOutputsInFlight outputs' loads in flight. y comes from other blocks: read
+// through L2 (ld.global.cg). The lists must be staged and a block barrier passed. Each output is
+// x + (its entries' sum in list order) whatever the chunk count.
 __device__ inline void combine_chunks(const ExpertsTileParams& p, const CombineLists& l, const int* chunks, int count) {
   constexpr int kOutputsInFlight = 4;  // per thread: their loads issue together, then the stores
   const int per_token = p.top_k + p.num_shared, chunk_rows = p.batch * kDownRows, outputs = count * chunk_rows;
