@@ -177,11 +177,11 @@ __device__ __forceinline__ void issue_stage(const GemvTileParams& p, WeightPipe&
   const std::int64_t left = p.n - row0;
   const int valid = left <= 0 ? 0 : left < R ? int(left) : R;
   const std::uint32_t bytes = std::uint32_t(nb) * q4k::kBlockBytes;
-  if (lane == 0) stream::barrier_arrive_expect(&pipe.bars[slot], std::uint32_t(NMAT * valid) * bytes);
+  if (lane == 0) device::barrier_arrive_expect(&pipe.bars[slot], std::uint32_t(NMAT * valid) * bytes);
   for (int c = lane; c < NMAT * R; c += 32) {
     const int m = c / R, r = c % R;
     if (r < valid)
-      stream::bulk_copy_to_shared(pipe.ring + slot * pipe.stage_size + c * stage_pitch(p.stage_blocks),
+      device::bulk_copy_to_shared(pipe.ring + slot * pipe.stage_size + c * stage_pitch(p.stage_blocks),
                                   p.mat[m] + (row0 + r) * p.row_bytes + std::int64_t(kb0) * q4k::kBlockBytes, bytes,
                                   &pipe.bars[slot], policy);
   }
@@ -208,8 +208,8 @@ __device__ WeightPipe start_weight_pipe(const GemvTileParams& p, const GemvSmem&
   pipe.tile_stride = tile_stride;
   pipe.tiles = num_tiles(p);
   if (lane == 0) {
-    for (int i = 0; i < p.stages; ++i) stream::barrier_init(&pipe.bars[i], 1);
-    stream::fence_barrier_init();
+    for (int i = 0; i < p.stages; ++i) device::barrier_init(&pipe.bars[i], 1);
+    device::fence_barrier_init();
   }
   __syncwarp();
   const std::uint64_t policy = q4k::device::evict_first_policy();
@@ -361,7 +361,7 @@ __device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, const Gemv
     for (int ks0 = kb0; ks0 < kb0 + nbc; ks0 += p.stage_blocks) {
       const int nb = min(p.stage_blocks, p.k_blocks - ks0);
       const std::uint32_t slot = pipe.consumed % std::uint32_t(p.stages);
-      stream::barrier_wait(&pipe.bars[slot], (pipe.consumed / std::uint32_t(p.stages)) & 1u);
+      device::barrier_wait(&pipe.bars[slot], (pipe.consumed / std::uint32_t(p.stages)) & 1u);
       const char* stage = pipe.ring + slot * pipe.stage_size + my_g * pitch;
 #pragma unroll(RL == 1 ? 2 : 1)
       for (int jl = slice; jl < nb; jl += slices) {
@@ -454,7 +454,7 @@ __device__ void gemv_tile_mma(const GemvTileParams& p, std::int64_t tile, const 
   for (int ks0 = mma_k_begin(p, warp); ks0 < k_end; ks0 += p.stage_blocks) {
     const int nb = min(p.stage_blocks, k_end - ks0);
     const std::uint32_t slot = pipe.consumed % std::uint32_t(p.stages);
-    stream::barrier_wait(&pipe.bars[slot], (pipe.consumed / std::uint32_t(p.stages)) & 1u);
+    device::barrier_wait(&pipe.bars[slot], (pipe.consumed / std::uint32_t(p.stages)) & 1u);
     const char* stage = pipe.ring + slot * pipe.stage_size;
     for (int jb = 0; jb < nb; ++jb) {
       const int kb = ks0 + jb;

@@ -1,5 +1,5 @@
 // Streaming pieces of the Q4_K GEMV core (v5): weights reach shared memory through bulk async
-// copies (cp.async.bulk, completion on an mbarrier), so bytes in flight cost no registers; the
+// copies (common/async_copy.cuh), so bytes in flight cost no registers; the
 // math then reads a block as one lane of a 4-lane group sees it.
 //
 // Lane p (0..3) of a group owns qs bytes 32p..32p+31 of a block: all 32 values of sub-block 2p
@@ -11,54 +11,11 @@
 
 #include <cstdint>
 
+#include "common/async_copy.cuh"
 #include "gemv/activation_q8.cuh"
 #include "q4k/q4k_device.cuh"
 
 namespace encore::gemv::stream {
-
-// ---- mbarrier + bulk copy (sm_90) ---------------------------------------------------------------
-
-__device__ __forceinline__ std::uint32_t smem_address(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void barrier_init(std::uint64_t* bar, std::uint32_t arrivals) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_address(bar)), "r"(arrivals) : "memory");
-}
-
-// Makes initialised barriers visible to the async proxy (the bulk copies' completion).
-__device__ __forceinline__ void fence_barrier_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-// One arrival that also announces `bytes` of bulk-copy data still to land in this phase.
-__device__ __forceinline__ void barrier_arrive_expect(std::uint64_t* bar, std::uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(bar)), "r"(bytes) : "memory");
-}
-
-// Waits until the phase with parity `parity` has completed (all bytes landed).
-__device__ __forceinline__ void barrier_wait(std::uint64_t* bar, std::uint32_t parity) {
-  const std::uint32_t addr = smem_address(bar);
-  std::uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-// Global -> shared bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned),
-// evict-first in L2: weights are read once per step.
-__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, std::uint32_t bytes, std::uint64_t* bar,
-                                                    std::uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-          smem_address(dst)),
-      "l"(src), "r"(bytes), "r"(smem_address(bar)), "l"(policy)
-      : "memory");
-}
 
 // ---- one block as lane p of a 4-lane group sees it ----------------------------------------------
 

@@ -30,6 +30,7 @@
 
 #include <encore/ops/kda.h>
 
+#include "common/async_copy.cuh"
 #include "common/launch.cuh"
 
 namespace encore::device {
@@ -109,11 +110,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 // 8 rows read by a quarter-warp at the same c hit 8 different bank groups (rank % 64 == 0).
 __device__ __forceinline__ int swizzle(int row, int chunk) { return chunk ^ (row & 7); }
 
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* global_src) {
-  const unsigned dst = unsigned(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(global_src) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // Step 0a: starts the copy of the tile's gate weights (W_fb and W_gb rows of its head) into shared
 // memory. Weights never depend on upstream kernels, so this may run before griddepcontrol.wait.

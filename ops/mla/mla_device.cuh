@@ -1,5 +1,5 @@
 // Device helpers shared by the MLA bodies: tensor-core fragments (ldmatrix + mma.sync m16n8k16),
-// cp.async with zero fill, bf16 packing, the YaRN frequency, and the step's error flag.
+// bf16 packing, the YaRN frequency, and the step's error flag.
 #pragma once
 
 #include <cstdint>
@@ -8,50 +8,14 @@
 
 #include <encore/ops/mla.h>
 
+#include "common/async_copy.cuh"
 #include "common/launch.cuh"
 
 namespace encore::ops::mla::device {
 
-__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte global -> shared copy; src_bytes = 0 writes zeros and reads nothing (rows beyond len).
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int Pending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
-}
-
-// ---- bulk (TMA-engine) copies completing on an mbarrier -------------------------------------------
-__device__ __forceinline__ void mbarrier_init(std::uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-// Thread's arrival that also announces the bytes the phase's bulk copies will deliver.
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(std::uint64_t* bar, std::uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbarrier_wait_parity(std::uint64_t* bar, std::uint32_t parity) {
-  std::uint32_t done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-// global -> shared bulk copy of `bytes` (multiple of 16, both addresses 16-byte aligned).
-__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, std::uint32_t bytes, std::uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-}
+using encore::device::cp_async_16;  // (shared with the other ops: common/async_copy.cuh)
+using encore::device::cp_async_commit;
+using encore::device::cp_async_wait;
 
 // Integer counters that blocks of one grid use to meet (the fused combine): acquire loads see
 // everything a releasing block wrote before its increment.
@@ -64,12 +28,12 @@ __device__ __forceinline__ int load_acquire_gpu(const int* p) {
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(encore::device::smem_address(p)));
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(encore::device::smem_address(p)));
 }
 
 // D += A(16x16, row) * B(16x8, col), bf16 in, fp32 accumulate.

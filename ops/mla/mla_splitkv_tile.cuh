@@ -128,11 +128,11 @@ __device__ __forceinline__ void load_page(const MlaAttentionParams& p, std::int3
     if (threadIdx.x < 32) {
       if (threadIdx.x == 0) {
         encore::device::fence_proxy_async();  // the stage's earlier generic reads come first
-        device::mbarrier_arrive_expect_tx(bar, std::uint32_t(valid_tokens) * kMlaRowDim * sizeof(__nv_bfloat16));
+        encore::device::barrier_arrive_expect(bar, std::uint32_t(valid_tokens) * kMlaRowDim * sizeof(__nv_bfloat16));
       }
       __syncwarp();
       for (int row = threadIdx.x; row < valid_tokens; row += 32)
-        device::bulk_copy_g2s(stage + row * Cfg::kRowStride, base + std::int64_t(row) * kMlaRowDim,
+        encore::device::bulk_copy_to_shared(stage + row * Cfg::kRowStride, base + std::int64_t(row) * kMlaRowDim,
                               kMlaRowDim * sizeof(__nv_bfloat16), bar);
     }
   } else {
@@ -208,8 +208,10 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
   SplitKvSmem sm(smem_base);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;  // scores in log2 units, fp32
-  if (kBulk && threadIdx.x == 0)
-    for (int s = 0; s < Cfg::kStages; ++s) device::mbarrier_init(&sm.bars[s], 1);  // first use after the request's barrier
+  if (kBulk && threadIdx.x == 0) {
+    for (int s = 0; s < Cfg::kStages; ++s) encore::device::barrier_init(&sm.bars[s], 1);  // first use after the request's barrier
+    encore::device::fence_barrier_init();
+  }
   std::uint32_t phases = 0;  // bit s: parity of stage s's next completion
 
   for (int req = begin_req; req <= end_req; ++req) {
@@ -255,7 +257,7 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
       const int stage = i % Cfg::kStages;
       if constexpr (kBulk) {
         if (kVariant != SplitKvVariant::kComputeOnly || i < Cfg::kStages) {
-          device::mbarrier_wait_parity(&sm.bars[stage], (phases >> stage) & 1u);
+          encore::device::barrier_wait(&sm.bars[stage], (phases >> stage) & 1u);
           phases ^= 1u << stage;
         }
       } else {

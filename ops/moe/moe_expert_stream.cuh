@@ -146,9 +146,9 @@ struct ExpertStream {
       matrix_bytes = p.down_matrix_bytes, row_bytes = p.down_row_bytes, act_src = p.act_mid;
     }
     if (threadIdx.x == 0) {
-      for (int i = 0; i < kWarpsPerBlock * kMaxRingStages; ++i) gemv::stream::barrier_init(&s.full[i], 1);
-      for (int i = 0; i < kActBuffers; ++i) gemv::stream::barrier_init(&s.act_full[i], 1);
-      gemv::stream::fence_barrier_init();
+      for (int i = 0; i < kWarpsPerBlock * kMaxRingStages; ++i) device::barrier_init(&s.full[i], 1);
+      for (int i = 0; i < kActBuffers; ++i) device::barrier_init(&s.act_full[i], 1);
+      device::fence_barrier_init();
     }
     if constexpr (kInBlock) {
       // (only the gate/up kernel's first block reports bad ids: one writer of the flag)
@@ -196,13 +196,13 @@ struct ExpertStream {
     const int4 item = s.items[k];
     const std::uint32_t bytes = std::uint32_t(nb) * q4k::kBlockBytes;
     std::uint64_t* bar = &s.full[warp * kMaxRingStages + slot];
-    if (lane == 0) gemv::stream::barrier_arrive_expect(bar, kUnitsPerWarp * bytes);
+    if (lane == 0) device::barrier_arrive_expect(bar, kUnitsPerWarp * bytes);
     __syncwarp();
     if (lane < kUnitsPerWarp) {
       const int u = warp * kUnitsPerWarp + lane;
       const std::int64_t row = std::int64_t(item.w) * (kStreamUnits / NMAT) + u / NMAT;
       const char* src = (u % NMAT == 0 ? mat[0] : mat[NMAT - 1]) + item.x * matrix_bytes + row * row_bytes + kb0 * q4k::kBlockBytes;
-      gemv::stream::bulk_copy_to_shared(buffer(slot) + lane * shape.pitch(), src, bytes, bar, q4k::device::evict_first_policy());
+      device::bulk_copy_to_shared(buffer(slot) + lane * shape.pitch(), src, bytes, bar, q4k::device::evict_first_policy());
     }
   }
 
@@ -217,11 +217,11 @@ struct ExpertStream {
     const int lane = threadIdx.x % 32, b = k % kActBuffers;
     const int4 item = s.items[k];
     const int bytes = shape.act_token_bytes();
-    if (lane == 0) gemv::stream::barrier_arrive_expect(&s.act_full[b], std::uint32_t(item.z * bytes));
+    if (lane == 0) device::barrier_arrive_expect(&s.act_full[b], std::uint32_t(item.z * bytes));
     __syncwarp();
     if (lane < item.z) {
       const int row = shape.gather ? s.tokens[k * shape.tokens + lane] : item.y + lane;
-      gemv::stream::bulk_copy_to_shared(act_buffer(b) + lane * bytes, act_src + std::int64_t(row) * bytes, bytes,
+      device::bulk_copy_to_shared(act_buffer(b) + lane * bytes, act_src + std::int64_t(row) * bytes, bytes,
                                         &s.act_full[b], evict_last_policy());
     }
   }
@@ -240,7 +240,7 @@ struct ExpertStream {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4;
     const int spi = shape.stages_per_item();
     const int b = k % kActBuffers;
-    if constexpr (!kResidentAct) gemv::stream::barrier_wait(&s.act_full[b], (k / kActBuffers) & 1u);
+    if constexpr (!kResidentAct) device::barrier_wait(&s.act_full[b], (k / kActBuffers) & 1u);
     const int4 item = s.items[k];
     const int count = item.z;
     const char* act = kResidentAct ? s.act : act_buffer(b);
@@ -250,7 +250,7 @@ struct ExpertStream {
     for (int t = 0; t < kTokensPerPass; ++t) acc[t] = 0.f;
     for (int st = 0; st < spi; ++st, ++stage) {
       const int slot = int(stage % std::uint32_t(shape.stages));
-      gemv::stream::barrier_wait(&s.full[warp * kMaxRingStages + slot], (stage / std::uint32_t(shape.stages)) & 1u);
+      device::barrier_wait(&s.full[warp * kMaxRingStages + slot], (stage / std::uint32_t(shape.stages)) & 1u);
       const char* row = buffer(slot) + (lane / 4) * shape.pitch();
       const int kb0 = st * shape.stage_blocks, nb = min(shape.stage_blocks, shape.k_blocks - kb0);
       for (int jl = 0; jl < nb; ++jl) {
