@@ -70,8 +70,8 @@ __global__ void __launch_bounds__(kBlockThreads, BlocksPerSm)
 }
 
 // Waits for the gate/up kernel inside the body, after its weight copies are issued.
-template <bool kInBlock>
-__global__ void __launch_bounds__(kBlockThreads, moe::kStreamBlocksPerSm)
+template <int BlocksPerSm, bool kInBlock>
+__global__ void __launch_bounds__(kBlockThreads, BlocksPerSm)
     moe_down_kernel(const __grid_constant__ ExpertsTileParams p, const moe::StreamShape shape) {
   extern __shared__ __align__(128) char smem[];
   moe::down_stream<kInBlock>(p, shape, smem);
@@ -112,8 +112,9 @@ ExpertsLayout experts_layout(int max_batch, int num_experts, int num_shared, int
 // per SM with entries per pass as many as leave at least kWantStages (or, when none does,
 // kMinStages), sized for max_batch, so one capture serves any routing. A batch of at most
 // kTokensPerPass tokens first tries a plan of its own: passes as wide as the batch (no expert is
-// ever split), gate/up at kSmallBatchGateUpBlocks blocks per SM, whose smaller rings start each
-// block's first item sooner, and the work list built inside the stream blocks (no prepare kernel:
+// ever split), both stream kernels at kSmallBatchBlocks blocks per SM, whose smaller rings start
+// each block's first item sooner (and at Kimi B = 1 give every down block one item too), and the
+// work list built inside the stream blocks (no prepare kernel:
 // one kernel boundary fewer between the routing and the first weights). It is taken only where
 // every gate/up block gets at most one item (Kimi: B = 1); with several items per block the
 // general plan was faster (H200 A/B in bench/RESULTS.md: decode B = 1 1833 -> 1813 us with it;
@@ -121,11 +122,11 @@ ExpertsLayout experts_layout(int max_batch, int num_experts, int num_shared, int
 struct StreamPlan {
   moe::StreamShape gate_up, down;
   int tokens = 0, gate_up_grid = 0, down_grid = 0;
-  int gate_up_blocks = moe::kStreamBlocksPerSm;  // per SM (the down kernel always runs kStreamBlocksPerSm)
+  int blocks_per_sm = moe::kStreamBlocksPerSm;  // of both stream kernels
   std::size_t gate_up_smem = 0, down_smem = 0;
 };
 
-constexpr int kWantStages = 4, kMinStages = 2, kSmallBatchGateUpBlocks = 3;
+constexpr int kWantStages = 4, kMinStages = 2, kSmallBatchBlocks = 3;
 
 // What the plan depends on: the SM count and the opt-in shared memory per block.
 struct DeviceLimits {
@@ -142,6 +143,7 @@ bool fit_stream(const DeviceLimits& dev, moe::StreamShape& shape, int passes, in
   grid = int(std::max<std::int64_t>(1, std::min<std::int64_t>(items, std::int64_t(dev.sms) * blocks_per_sm)));
   shape.stage_blocks = moe::stream_stage_blocks(shape.k_blocks);
   shape.max_items = int((items + grid - 1) / grid);
+  min_stages = std::min(min_stages, shape.max_items * shape.stages_per_item());  // no deeper than a block's whole work
   constexpr std::size_t kReservedPerBlock = 1024;  // the runtime's shared memory per block
   const std::size_t limit =
       dev.smem_per_block / blocks_per_sm - (blocks_per_sm > 1 ? kReservedPerBlock : 0);
@@ -154,17 +156,17 @@ bool fit_stream(const DeviceLimits& dev, moe::StreamShape& shape, int passes, in
 
 // Both streams for `tokens` entries per pass over the passes of `batch` tokens; in_block: each
 // block holds a list of `batch` tokens' entries and builds it in its ring.
-bool fit_plan(const DeviceLimits& dev, const MoeExpertsParams& a, int batch, int tokens, int gate_up_blocks, int min_stages,
+bool fit_plan(const DeviceLimits& dev, const MoeExpertsParams& a, int batch, int tokens, int blocks_per_sm, int min_stages,
               bool in_block, StreamPlan& plan) {
   const int passes = moe::max_passes(batch, a.num_experts, a.num_shared, a.top_k, tokens);
   plan.tokens = tokens;
-  plan.gate_up_blocks = gate_up_blocks;
+  plan.blocks_per_sm = blocks_per_sm;
   const int list_passes = in_block ? passes : 0, list_entries = in_block ? batch * (a.top_k + a.num_shared) : 0;
   plan.gate_up = {a.hidden / 256, 0, 0, tokens, 0, true, list_passes, list_entries};
   plan.down = {a.inter / 256, 0, 0, tokens, 0, false, list_passes, list_entries};
-  if (!fit_stream(dev, plan.gate_up, passes, moe::gate_up_row_groups(a.inter), min_stages, gate_up_blocks, plan.gate_up_grid,
+  if (!fit_stream(dev, plan.gate_up, passes, moe::gate_up_row_groups(a.inter), min_stages, blocks_per_sm, plan.gate_up_grid,
                   plan.gate_up_smem) ||
-      !fit_stream(dev, plan.down, passes, moe::down_row_chunks(a.hidden), min_stages, moe::kStreamBlocksPerSm, plan.down_grid,
+      !fit_stream(dev, plan.down, passes, moe::down_row_chunks(a.hidden), min_stages, blocks_per_sm, plan.down_grid,
                   plan.down_smem))
     return false;
   if (in_block)
@@ -179,8 +181,8 @@ bool fit_plan(const DeviceLimits& dev, const MoeExpertsParams& a, int batch, int
 Status plan_streams(const DeviceLimits& dev, const MoeExpertsParams& a, StreamPlan& plan) {
   // Passes as wide as the batch: one per used expert.
   const std::int64_t small_items = std::int64_t(std::min(a.num_experts, a.batch * a.top_k) + a.num_shared) * moe::gate_up_row_groups(a.inter);
-  if (a.batch <= moe::kTokensPerPass && small_items <= std::int64_t(dev.sms) * kSmallBatchGateUpBlocks &&
-      fit_plan(dev, a, a.batch, a.batch, kSmallBatchGateUpBlocks, kMinStages, true, plan))
+  if (a.batch <= moe::kTokensPerPass && small_items <= std::int64_t(dev.sms) * kSmallBatchBlocks &&
+      fit_plan(dev, a, a.batch, a.batch, kSmallBatchBlocks, kMinStages, true, plan))
     return {};
   for (int min_stages : {kWantStages, kMinStages})
     for (int tokens = std::min(moe::kTokensPerPass, a.max_batch); tokens >= 1; --tokens)
@@ -394,7 +396,7 @@ Status moe_experts_plan(const MoeExpertsParams& a, MoeExpertsPlan* out, int sm_c
   const DeviceLimits dev = sm_count > 0 ? DeviceLimits{sm_count, smem_per_block} : current_limits();
   StreamPlan plan;
   ENCORE_RETURN_IF_ERROR(plan_streams(dev, a, plan));
-  *out = {plan.gate_up.in_block(), plan.gate_up_blocks, plan.gate_up_grid, plan.down_grid, plan.tokens, plan.gate_up.stages, plan.down.stages};
+  *out = {plan.gate_up.in_block(), plan.blocks_per_sm, plan.gate_up_grid, plan.down_grid, plan.tokens, plan.gate_up.stages, plan.down.stages};
   return {};
 }
 
@@ -491,16 +493,16 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   // The general plan's grids depend on max_batch only, so one capture at max_batch serves any
   // routing; the small-batch plan (in-block lists) is the batch's own.
   if (plan.gate_up.in_block()) {
-    ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel<kSmallBatchGateUpBlocks, true>, plan.gate_up_grid,
+    ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel<kSmallBatchBlocks, true>, plan.gate_up_grid,
                                           plan.gate_up_smem, stream, true, "moe gate/up kernel", p, plan.gate_up));
-    return detail::launch(moe_down_kernel<true>, plan.down_grid, plan.down_smem, stream, true, "moe down kernel", p, plan.down);
+    return detail::launch(moe_down_kernel<kSmallBatchBlocks, true>, plan.down_grid, plan.down_smem, stream, true, "moe down kernel", p, plan.down);
   }
   const int prepare = moe::prepare_tiles(a.max_batch);
   ENCORE_RETURN_IF_ERROR(detail::launch(moe_prepare_kernel, prepare, moe::prepare_smem_bytes(), stream, true,
                                         "moe prepare kernel", p, prepare));
   ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel<moe::kStreamBlocksPerSm, false>, plan.gate_up_grid,
                                         plan.gate_up_smem, stream, true, "moe gate/up kernel", p, plan.gate_up));
-  return detail::launch(moe_down_kernel<false>, plan.down_grid, plan.down_smem, stream, true, "moe down kernel", p, plan.down);
+  return detail::launch(moe_down_kernel<moe::kStreamBlocksPerSm, false>, plan.down_grid, plan.down_smem, stream, true, "moe down kernel", p, plan.down);
 }
 
 }  // namespace encore::ops

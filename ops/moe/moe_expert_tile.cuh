@@ -90,11 +90,12 @@ __device__ __forceinline__ T load_list(const T* at) {
 __host__ __device__ inline int prepare_tiles(int max_batch) { return 1 + max_batch; }
 __host__ __device__ inline int gate_up_row_groups(int inter) { return inter / kGateUpRows; }
 __host__ __device__ inline int down_row_chunks(int hidden) { return hidden / kDownRows; }
-// Passes of a work list: each active expert's entries in runs of tokens_per_pass.
+// Passes of a work list: each active expert's n entries in ceil(n / tokens_per_pass) runs, at most
+// 1 + (n - 1) / tokens_per_pass, so all of them at most active + (entries - active) / tokens_per_pass.
 __host__ __device__ inline int max_passes(int max_batch, int num_experts, int num_shared, int top_k, int tokens_per_pass) {
   const int active = (num_experts < max_batch * top_k ? num_experts : max_batch * top_k) + num_shared;
   const int entries = max_batch * (top_k + num_shared);
-  return active + (entries + tokens_per_pass - 1) / tokens_per_pass;
+  return active + (entries - active) / tokens_per_pass;
 }
 
 struct PlanSmem {
@@ -124,6 +125,46 @@ __device__ __forceinline__ bool slot_valid(const int* ids, int top_k, int token,
   return true;
 }
 
+// One token (batch-1 decode): one warp ranks the token's valid ids with shuffles, no block scan.
+// The same list as the general build: passes and entries in ascending expert id (each expert one
+// pass of one entry), the shared experts after them. The caller passes a block barrier next.
+__device__ inline void build_one_token_list(const ExpertsTileParams& p, const WorkList& out, bool report_errors) {
+  static_assert(ops::kMaxMoeTopK <= 32 && ops::kMaxMoeTopK + ops::kMaxMoeShared <= 32);
+  const int lane = threadIdx.x % 32, per_token = p.top_k + p.num_shared;
+  const bool real = !pad_row(p, 0);
+  int id = -1;
+  float weight = 0.f;
+  if (lane < p.top_k) {
+    const int raw = __ldcg(p.ids + lane);
+    weight = __ldcg(p.weights + lane);
+    id = raw >= 0 && raw < p.num_experts ? raw : -1;
+  }
+  bool repeated = false;
+  for (int j = 0; j < p.top_k; ++j) {
+    const int other = __shfl_sync(0xFFFFFFFFu, id, j);
+    repeated |= j < lane && other == id;
+  }
+  const bool valid = real && id >= 0 && !repeated;
+  if (real && lane < p.top_k && !valid && report_errors && p.error_flag) *p.error_flag = 1;
+  const unsigned valid_lanes = __ballot_sync(0xFFFFFFFFu, valid);
+  int rank = 0;  // valid ids below this one (valid ids are distinct)
+  for (int j = 0; j < p.top_k; ++j) {
+    const int other = __shfl_sync(0xFFFFFFFFu, id, j);
+    rank += (valid_lanes >> j & 1u) && other < id;
+  }
+  const int routed = __popc(valid_lanes), used = routed + (real ? p.num_shared : 0);
+  auto add = [&](int expert, int entry, float w) {  // the expert's one pass and the token's entry
+    out.passes[entry] = make_int4(expert, entry, 1, 0);
+    out.entry_token[entry] = 0;
+    out.entry_weight[entry] = w;
+    out.token_entries[entry] = entry;
+  };
+  if (valid) add(id, rank, weight);
+  if (real && lane < p.num_shared) add(p.num_experts + lane, routed + lane, 1.f);
+  if (lane >= used && lane < per_token) out.token_entries[lane] = -1;
+  if (lane == 0) *out.num_passes = used;
+}
+
 // The small-batch down kernel builds its list before its PDL wait, while the gate/up kernel still
 // runs: the routing it reads is complete by then, but is read through L2 (ld.cg) all the same, so
 // no stale L1 line can serve ids, weights or slot ids. Bad ids of real tokens raise the error
@@ -131,6 +172,11 @@ __device__ __forceinline__ bool slot_valid(const int* ids, int top_k, int token,
 // build sits on the critical path of both small-batch stream kernels). Ends with a block
 // barrier: the list is complete and `s` is free again.
 __device__ inline void build_work_list(const ExpertsTileParams& p, const WorkList& out, PlanSmem& s, bool report_errors) {
+  if (p.batch == 1) {  // the last warp: thread 0 may still be initialising the block's barriers
+    if (threadIdx.x / 32 == kWarpsPerBlock - 1) build_one_token_list(p, out, report_errors);
+    __syncthreads();
+    return;
+  }
   const int experts = p.num_experts + p.num_shared;
   const int per_token = p.top_k + p.num_shared;
   const int slots = p.batch * p.top_k;

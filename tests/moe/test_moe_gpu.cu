@@ -561,6 +561,15 @@ TEST(MoeExpertsGpu, SmallBadIdsAreSkippedAndFlagged) {
   ids = {1, 2, 0, 3, 7, 6, 4, 5};
   (void)m.run(batch, h, x, ids, w, &flag);
   EXPECT_EQ(flag, 0);
+  // One token (its own list build): a repeated id, then an out-of-range one, then good ids.
+  const std::vector<float> one_h(h.begin(), h.begin() + 512), one_x(x.begin(), x.begin() + 512), one_w(w.begin(), w.begin() + 2);
+  for (const std::vector<int>& one_ids : {std::vector<int>{5, 5}, std::vector<int>{8, 2}, std::vector<int>{6, 1}}) {
+    SCOPED_TRACE(one_ids[0]);
+    flag = 0;
+    const auto out1 = m.run(1, one_h, one_x, one_ids, one_w, &flag);
+    EXPECT_EQ(flag != 0, one_ids[0] != 6);
+    EXPECT_LT(m.mimic_error(delta(out1, one_x), 1, one_h, one_ids, one_w), 5e-5);
+  }
 }
 
 TEST(MoeExpertsGpu, SmallGraphReplayIsDeterministic) {

@@ -362,18 +362,22 @@ TEST(MoeExpertsPlan, InBlockListOnlyWhereEveryGateUpBlockGetsOneItem) {
     return out;
   };
   // Kimi-Linear (256 + 1 experts, top-8, 2304 x 1024): at B = 1, 9 passes x 32 row groups = 288
-  // items for 3 x 132 blocks; from B = 2 the passes no longer fit one item per block.
+  // gate/up items and 9 x 36 row chunks = 324 down items, one per block at 3 blocks per SM (the
+  // down ring one stage deep: a block has one stage of work); from B = 2 the passes no longer fit
+  // one item per block.
   const ops::MoeExpertsPlan kimi = plan(256, 1, 8, 2304, 1024, 1);
   EXPECT_TRUE(kimi.in_block_list);
-  EXPECT_EQ(kimi.gate_up_blocks_per_sm, 3);
+  EXPECT_EQ(kimi.blocks_per_sm, 3);
   EXPECT_EQ(kimi.tokens_per_pass, 1);
-  EXPECT_EQ(kimi.gate_up_grid, 3 * kSms);
+  EXPECT_EQ(kimi.gate_up_grid, 288);
+  EXPECT_EQ(kimi.down_grid, 324);
   EXPECT_EQ(kimi.gate_up_stages, 2);
+  EXPECT_EQ(kimi.down_stages, 1);
   for (const int batch : {2, 4, 8, 32, 64}) {
     SCOPED_TRACE(batch);
     const ops::MoeExpertsPlan general = plan(256, 1, 8, 2304, 1024, batch);
     EXPECT_FALSE(general.in_block_list);
-    EXPECT_EQ(general.gate_up_blocks_per_sm, 2);
+    EXPECT_EQ(general.blocks_per_sm, 2);
     EXPECT_EQ(general.gate_up_grid, 2 * kSms);
   }
   // GGML's shape (128 experts, top-8, 2048 x 768): its 3-per-SM rings do not fit.

@@ -146,7 +146,7 @@ std::size_t moe_experts_workspace_bytes(int max_batch, int num_experts, int num_
 // run 2 kernels that build the work list themselves; the others 3 (prepare, gate/up, down).
 struct MoeExpertsPlan {
   bool in_block_list = false;  // no prepare kernel
-  int gate_up_blocks_per_sm = 0;
+  int blocks_per_sm = 0;       // of both stream kernels (gate/up, down)
   int gate_up_grid = 0, down_grid = 0;
   int tokens_per_pass = 0;
   int gate_up_stages = 0, down_stages = 0;  // ring buffers per warp
