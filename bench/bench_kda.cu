@@ -5,6 +5,7 @@
 //   BM_KdaFused          the op (one kernel), no device slot check (caller-validated ids)
 //   BM_KdaFusedChecked   the op with error_flag: slot-check kernel + the op
 //   BM_KdaUnfused        conv kernel -> gates + recurrence kernel -> gated-norm kernel, same math
+//   BM_KdaFusedSettled   the op with state_settled (states loaded before the PDL wait, as in a decode step)
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -247,8 +248,9 @@ void run(benchmark::State& state, int variant) {
   auto enqueue = [&](int i, cudaStream_t stream) {
     ops::KdaParams p = setup.params;
     p.slot_ids = setup.slot_table + (i % setup.copies) * B;
-    if (variant == 0) p.error_flag = nullptr;
-    if (variant <= 1) {
+    if (variant != 1) p.error_flag = nullptr;
+    p.state_settled = variant == 3;  // call i's slots were last written by call i - copies (copies >= 2)
+    if (variant <= 1 || variant == 3) {
       throw_if_error(ops::kda(p, stream));
       return;
     }
@@ -266,10 +268,12 @@ void run(benchmark::State& state, int variant) {
 void BM_KdaFused(benchmark::State& state) { run(state, 0); }
 void BM_KdaFusedChecked(benchmark::State& state) { run(state, 1); }
 void BM_KdaUnfused(benchmark::State& state) { run(state, 2); }
+void BM_KdaFusedSettled(benchmark::State& state) { run(state, 3); }
 
 BENCHMARK(BM_KdaFused)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->Arg(256)->UseManualTime();
 BENCHMARK(BM_KdaFusedChecked)->Arg(1)->Arg(64)->UseManualTime();
 BENCHMARK(BM_KdaUnfused)->Arg(1)->Arg(64)->UseManualTime();
+BENCHMARK(BM_KdaFusedSettled)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->Arg(256)->UseManualTime();
 
 }  // namespace
 }  // namespace encore::bench

@@ -95,6 +95,7 @@ class Builder {
     p.conv_state = state<float>(l, "kda_conv"), p.recurrent_state = state<float>(l, "kda_recurrent");
     p.batch = B_, p.num_heads = k.heads, p.head_dim = k.head_dim, p.gate_rank = k.gate_rank, p.num_slots = o_.max_slots;
     p.norm_eps = c_.rms_eps;
+    p.state_settled = true;  // the in-projection runs between the step's slot ids / the last step and the op
     residual_gemv(StageRole::kKdaOutProj, l, "attn_output.weight", buffer<float>("kda.y"), P);
   }
 

@@ -4,10 +4,12 @@
 // Order inside a tile (every phase reads only what the tile owns, so tiles never race):
 //   0. copy the head's W_fb and W_gb rows (2 x K x rank bf16, 64 KiB for Kimi-Linear) into shared
 //      memory with cp.async (the standalone kernel issues this before griddepcontrol.wait: weights
-//      do not depend on upstream kernels); load this warp's V/8 state rows into registers
-//      (float4 / float2 per lane, streaming hint), so the 64 KiB of state are in flight while the
-//      rest is computed;
-//   1. conv + SiLU on the tile's 3 x K channels, advance their history (raw inputs);
+//      do not depend on upstream kernels); tile_load_slot: the slot id, then this warp's V/8 state
+//      rows into registers (float4 / float2 per lane, streaming hint) and the conv history, so the
+//      64 KiB of state are in flight while the rest is computed (before the wait too when the
+//      caller says the states are settled);
+//   1. the proj inputs and the error flag in one round trip; conv + SiLU on the tile's 3 x K
+//      channels, advance their history (raw inputs);
 //   2. every warp: L2 norms of q and k and k.q (redundantly per warp: no block barrier needed);
 //      thread per gate row (two for K=64): f = W_fb f_a -> alpha, r = W_gb g_a -> sigmoid(r);
 //   3. state pass per v-row: s' = alpha*s; p = s'.k; a = s'.q; u = beta (v - p); s = s' + k u;
@@ -15,9 +17,9 @@
 //      reduced by one transposed butterfly, 31 shuffles instead of 160);
 //   4. gated RMSNorm of o over the head, write y.
 //
-// Measured (H200, 2026-12-02, bench_kda, H=32, K=V=128, cold state): 5.9 us at B=1 (latency of one
-// tile's dependent chain: slot id -> state/conv loads -> conv -> gates -> state pass -> norm),
-// 88.5 us at B=64 (78% of copy bandwidth), 323 us at B=256 (86%). Tried and replaced: half-warp
+// Measured (H200, bench_kda, H=32, K=V=128, cold state; bench/RESULTS.md): 4.5 us at B=1 with
+// settled states, 5.45 us without (the dependent chain after the wait: proj -> conv -> gates ->
+// state pass -> norm), ~88-89 us at B=64 (79% of copy bandwidth). Tried and replaced: half-warp
 // per gate row reading W_fb/W_gb from global (16 dependent L2 trips per warp; 12 us at B=1,
 // 155 us at B=64). Open levers: a V-split at small B (spec §6), and the 64 KiB of gate weights
 // every tile pulls from L2 (as many bytes as its state read; a tile over several sequences of one
@@ -204,10 +206,57 @@ __device__ __forceinline__ void tile_prefetch_state(const ops::KdaParams& p, int
   }
 }
 
-// weights_issued: tile_issue_weight_copy() already ran for this tile (the kernel prologue does it
-// for its first tile, before griddepcontrol.wait).
+// What a tile reads from its slot: this warp's state rows and the conv history of the thread's
+// channels (with their conv weights), loaded by tile_load_slot() and consumed by tile().
 template <int HeadDim>
-__device__ __forceinline__ void tile(const ops::KdaParams& p, int tile_index, char* smem_base, bool weights_issued) {
+struct SlotInputs {
+  static constexpr int kPerThread = (3 * HeadDim + kBlockThreads - 1) / kBlockThreads;  // conv channels per thread
+  int slot;
+  LaneVec<Traits<HeadDim>::kLaneElems> s[Traits<HeadDim>::kRowsPerWarp];
+  float h0[kPerThread], h1[kPerThread], h2[kPerThread];
+  float4 w[kPerThread];
+};
+
+// Tile channel c (q | k | v, K each) -> its proj / history column.
+template <int HeadDim>
+__device__ __forceinline__ std::int64_t conv_channel(int c, int head, std::int64_t P) {
+  const int stream = c / HeadDim;
+  return stream * P + std::int64_t(head) * HeadDim + (c - stream * HeadDim);
+}
+
+// Step 0b: the slot id, then this warp's state rows and the conv history in flight (one memory
+// round trip after the id). Nothing for a pad row or an out-of-range id. Reads only the slot ids
+// and the pools: runs before griddepcontrol.wait when they are settled (KdaParams::state_settled).
+template <int HeadDim>
+__device__ __forceinline__ void tile_load_slot(const ops::KdaParams& p, int tile_index, SlotInputs<HeadDim>& in) {
+  using T = Traits<HeadDim>;
+  constexpr int D = HeadDim, E = T::kLaneElems, R = T::kRowsPerWarp;
+  const int H = p.num_heads;
+  const int row = tile_index / H, head = tile_index - row * H;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const std::int64_t P = std::int64_t(H) * D, channels = 3 * P;
+  in.slot = p.slot_ids[row];
+  if (in.slot >= p.num_slots || in.slot < 0) return;
+  const float* state = p.recurrent_state + (std::int64_t(in.slot) * H + head) * D * D;
+#pragma unroll
+  for (int r = 0; r < R; ++r) load_stream(state + (warp * R + r) * D + lane * E, in.s[r]);
+  const float* history = p.conv_state + std::int64_t(in.slot) * 3 * channels;  // [3][channels]
+#pragma unroll
+  for (int i = 0; i < SlotInputs<D>::kPerThread; ++i) {
+    const int c = tid + i * kBlockThreads;
+    if (c < 3 * D) {
+      const std::int64_t ch = conv_channel<D>(c, head, P);
+      in.h0[i] = history[ch], in.h1[i] = history[channels + ch], in.h2[i] = history[2 * channels + ch];
+      in.w[i] = __ldg(reinterpret_cast<const float4*>(p.conv_weight) + ch);
+    }
+  }
+}
+
+// weights_issued: tile_issue_weight_copy() already ran for this tile (the kernel prologue does it
+// for its first tile, before griddepcontrol.wait); `in`: tile_load_slot() of this tile.
+template <int HeadDim>
+__device__ __forceinline__ void tile(const ops::KdaParams& p, int tile_index, char* smem_base, bool weights_issued,
+                                     SlotInputs<HeadDim>& in) {
   using T = Traits<HeadDim>;
   constexpr int D = HeadDim, E = T::kLaneElems, R = T::kRowsPerWarp;
   const int H = p.num_heads;
@@ -220,7 +269,24 @@ __device__ __forceinline__ void tile(const ops::KdaParams& p, int tile_index, ch
     __syncthreads();  // the previous tile of this block may still read shared memory
     tile_issue_weight_copy<D>(p, tile_index, smem_base);
   }
-  const int slot = p.slot_ids[row];
+  // What the previous kernel wrote, loaded with the flag in one round trip: x_t of the thread's
+  // conv channels, its share of f_a | g_a (2 * gate_rank <= 512 values), beta's logit.
+  constexpr int kPerThread = SlotInputs<D>::kPerThread, kGateInputsPerThread = 2;
+  const float* x = p.proj + std::int64_t(row) * p.proj_stride;
+  const std::int64_t fa_offset = channels;
+  float xt[kPerThread], fa_ga[kGateInputsPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int c = tid + i * kBlockThreads;
+    if (c < 3 * D) xt[i] = x[conv_channel<D>(c, head, P)];
+  }
+#pragma unroll
+  for (int i = 0; i < kGateInputsPerThread; ++i) {
+    const int t = tid + i * kBlockThreads;
+    if (t < 2 * p.gate_rank) fa_ga[i] = x[fa_offset + t];
+  }
+  const float beta_logit = x[fa_offset + 2 * p.gate_rank + head];
+  const int slot = in.slot;
   const bool flagged = p.error_flag != nullptr && __ldcg(p.error_flag) != 0;
   if (flagged || slot >= p.num_slots || slot < 0) {
     cp_async_wait_all();  // no copy may land after this tile returns
@@ -230,52 +296,31 @@ __device__ __forceinline__ void tile(const ops::KdaParams& p, int tile_index, ch
     return;
   }
   const Smem sm = Smem::carve(smem_base, D, p.gate_rank);
-
-  // 0. state rows of this warp in flight.
   float* state = p.recurrent_state + (std::int64_t(slot) * H + head) * D * D;
   const int v_begin = warp * R;
-  LaneVec<E> s[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) load_stream(state + (v_begin + r) * D + lane * E, s[r]);
+  LaneVec<E>(&s)[R] = in.s;
 
   // 1. conv + SiLU, history advance.
-  const float* x = p.proj + std::int64_t(row) * p.proj_stride;
   float* history = p.conv_state + std::int64_t(slot) * 3 * channels;  // [3][channels]
-  {
-    // All loads of the thread's channels first (one memory round trip), then compute and store.
-    constexpr int kPerThread = (3 * D + kBlockThreads - 1) / kBlockThreads;
-    auto channel = [&](int c) {  // tile channel c (q | k | v, K each) -> proj / history column
-      const int stream = c / D;
-      return stream * P + std::int64_t(head) * D + (c - stream * D);
-    };
-    float h0[kPerThread], h1[kPerThread], h2[kPerThread], xt[kPerThread];
-    float4 w[kPerThread];
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int c = tid + i * kBlockThreads;
-      if (c < 3 * D) {
-        const std::int64_t ch = channel(c);
-        h0[i] = history[ch], h1[i] = history[channels + ch], h2[i] = history[2 * channels + ch];
-        xt[i] = x[ch];
-        w[i] = __ldg(reinterpret_cast<const float4*>(p.conv_weight) + ch);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int c = tid + i * kBlockThreads;
-      if (c < 3 * D) {
-        const std::int64_t ch = channel(c);
-        const float conv = w[i].x * h0[i] + w[i].y * h1[i] + w[i].z * h2[i] + w[i].w * xt[i];
-        sm.qkv[c] = conv * sigmoid(conv);
-        history[ch] = h1[i];
-        history[channels + ch] = h2[i];
-        history[2 * channels + ch] = xt[i];
-      }
+  for (int i = 0; i < kPerThread; ++i) {
+    const int c = tid + i * kBlockThreads;
+    if (c < 3 * D) {
+      const std::int64_t ch = conv_channel<D>(c, head, P);
+      const float4 w = in.w[i];
+      const float conv = w.x * in.h0[i] + w.y * in.h1[i] + w.z * in.h2[i] + w.w * xt[i];
+      sm.qkv[c] = conv * sigmoid(conv);
+      history[ch] = in.h1[i];
+      history[channels + ch] = in.h2[i];
+      history[2 * channels + ch] = xt[i];
     }
   }
-  const std::int64_t fa_offset = channels;
-  for (int t = tid; t < 2 * p.gate_rank; t += kBlockThreads) sm.fa_ga[t] = x[fa_offset + t];
-  const float beta = sigmoid(x[fa_offset + 2 * p.gate_rank + head]);
+#pragma unroll
+  for (int i = 0; i < kGateInputsPerThread; ++i) {
+    const int t = tid + i * kBlockThreads;
+    if (t < 2 * p.gate_rank) sm.fa_ga[t] = fa_ga[i];
+  }
+  const float beta = sigmoid(beta_logit);
   cp_async_wait_all();
   __syncthreads();
 
@@ -358,11 +403,17 @@ __device__ __forceinline__ void tile(const ops::KdaParams& p, int tile_index, ch
 }  // namespace kda
 
 // Megakernel entry: one (sequence, head) tile, any head_dim the launcher accepts.
+template <int HeadDim>
+__device__ __forceinline__ void kda_tile(const ops::KdaParams& p, int tile, char* smem) {
+  kda::SlotInputs<HeadDim> in;
+  kda::tile_load_slot<HeadDim>(p, tile, in);
+  kda::tile<HeadDim>(p, tile, smem, false, in);
+}
 __device__ __forceinline__ void kda_tile(const ops::KdaParams& p, int tile, char* smem) {
   if (p.head_dim == 128)
-    kda::tile<128>(p, tile, smem, false);
+    kda_tile<128>(p, tile, smem);
   else
-    kda::tile<64>(p, tile, smem, false);
+    kda_tile<64>(p, tile, smem);
 }
 
 }  // namespace encore::device

@@ -69,6 +69,10 @@ struct KdaParams {
   int gate_rank = 0;   // f_a / g_a width (128 in Kimi-Linear); 64, 128, 192 or 256
   int num_slots = 0;   // capacity of both pools
   float norm_eps = kKdaNormEps;
+  // Set when slot_ids and both pools were complete before the kernel enqueued right before this
+  // op started (a decode step: the in-projection runs in between). The op then loads its states
+  // while that kernel still runs. Leave it false when the preceding kernel writes them.
+  bool state_settled = false;
 };
 
 // Floats of one proj row the op reads: 3*H*K + 2*gate_rank + H.
