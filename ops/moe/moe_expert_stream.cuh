@@ -41,7 +41,7 @@ static_assert(kStreamUnits == 2 * kGateUpRows && kStreamUnits == kDownRows);
 // (Kimi layer B = 32: 282 vs 363 us): a block's items run their epilogues and activation waits in
 // series, and a second block fills those gaps. Stages of up to 9 blocks (longer copies) gained
 // 2-5% at one block per SM but leave no room for two. Batches of at most kTokensPerPass tokens
-// may run gate/up at 3 blocks per SM instead (the launcher's small-batch plan, ops/moe/moe.cu).
+// may run both kernels at 3 blocks per SM instead (the launcher's small-batch plan, ops/moe/moe.cu).
 #ifndef ENCORE_MOE_STREAM_BLOCKS_PER_SM
 #define ENCORE_MOE_STREAM_BLOCKS_PER_SM 2
 #endif
