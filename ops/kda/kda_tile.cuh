@@ -224,6 +224,16 @@ __device__ __forceinline__ std::int64_t conv_channel(int c, int head, std::int64
   return stream * P + std::int64_t(head) * HeadDim + (c - stream * HeadDim);
 }
 
+// Where a tile and the calling thread sit: heads, the tile's batch row and head, the thread's
+// lane and warp, and the widths of one proj stream (H * D) and of the three (q | k | v).
+struct TilePlace {
+  int H, row, head, tid, lane, warp;
+  std::int64_t P, channels;
+  __device__ TilePlace(const ops::KdaParams& p, int tile_index, int D)
+      : H(p.num_heads), row(tile_index / H), head(tile_index - row * H), tid(threadIdx.x), lane(tid & 31),
+        warp(tid >> 5), P(std::int64_t(H) * D), channels(3 * P) {}
+};
+
 // Step 0b: the slot id, then this warp's state rows and the conv history in flight (one memory
 // round trip after the id). Nothing for a pad row or an out-of-range id. Reads only the slot ids
 // and the pools: runs before griddepcontrol.wait when they are settled (KdaParams::state_settled).
@@ -231,10 +241,9 @@ template <int HeadDim>
 __device__ __forceinline__ void tile_load_slot(const ops::KdaParams& p, int tile_index, SlotInputs<HeadDim>& in) {
   using T = Traits<HeadDim>;
   constexpr int D = HeadDim, E = T::kLaneElems, R = T::kRowsPerWarp;
-  const int H = p.num_heads;
-  const int row = tile_index / H, head = tile_index - row * H;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const std::int64_t P = std::int64_t(H) * D, channels = 3 * P;
+  const TilePlace at(p, tile_index, D);
+  const int H = at.H, row = at.row, head = at.head, tid = at.tid, lane = at.lane, warp = at.warp;
+  const std::int64_t P = at.P, channels = at.channels;
   in.slot = p.slot_ids[row];
   if (in.slot >= p.num_slots || in.slot < 0) return;
   const float* state = p.recurrent_state + (std::int64_t(in.slot) * H + head) * D * D;
@@ -259,10 +268,9 @@ __device__ __forceinline__ void tile(const ops::KdaParams& p, int tile_index, ch
                                      SlotInputs<HeadDim>& in) {
   using T = Traits<HeadDim>;
   constexpr int D = HeadDim, E = T::kLaneElems, R = T::kRowsPerWarp;
-  const int H = p.num_heads;
-  const int row = tile_index / H, head = tile_index - row * H;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const std::int64_t P = std::int64_t(H) * D, channels = 3 * P;
+  const TilePlace at(p, tile_index, D);
+  const int H = at.H, row = at.row, head = at.head, tid = at.tid, lane = at.lane, warp = at.warp;
+  const std::int64_t P = at.P, channels = at.channels;
   float* y_head = p.y + std::int64_t(row) * P + std::int64_t(head) * D;
 
   if (!weights_issued) {
