@@ -64,8 +64,7 @@ enum Mode {
   kUnfused = 1,      // mla_splitkv then mla_combine
   kSplitKvOnly = 2,  // mla_splitkv alone (the combine's share is the difference)
   kSchedOnly = 3,
-  kBulkCopy = 4,
-  kLoadsOnly = 5,
+  kLoadsOnly = 5,     // (4 was a bulk-copy variant of the mma.sync body, gone with it)
   kComputeOnly = 6,
 };
 
@@ -162,7 +161,6 @@ void BM_MlaDecode(benchmark::State& state) {
       case kUnfused: check(mla_splitkv(p, st)); check(mla_combine(p, st)); break;
       case kSplitKvOnly: check(mla_splitkv(p, st)); break;
       case kSchedOnly: check(mla_sched(sp, st)); break;
-      case kBulkCopy: launch_variant<V::kBulk>(p, st); break;
       case kLoadsOnly: launch_variant<V::kLoadsOnly>(p, st); break;
       default: launch_variant<V::kComputeOnly>(p, st); break;
     }
@@ -170,7 +168,7 @@ void BM_MlaDecode(benchmark::State& state) {
   state.counters["splits"] = ns[batch];
   state.counters["copies"] = copies;
   static const char* const labels[] = {"attention fused (op)", "splitkv + combine kernels", "splitkv only",
-                                       "scheduler only", "splitkv bulk-copy variant", "splitkv loads only (no math)",
+                                       "scheduler only", "(unused)", "splitkv loads only (no math)",
                                        "splitkv math only (no loads)"};
   state.SetLabel(labels[mode]);
 }
@@ -179,8 +177,8 @@ void mla_shapes(benchmark::internal::Benchmark* b) {
   const std::pair<int, int> shapes[] = {{1, 4096}, {1, 32768}, {1, 131072}, {64, 4096}, {128, 8192}};
   for (int mode : {kAttention, kUnfused, kSplitKvOnly, kSchedOnly})
     for (auto [batch, len] : shapes) b->Args({batch, len, mode, 0});
-  // Account of the split-KV time: copy variant, loads alone, math alone.
-  for (int mode : {kBulkCopy, kLoadsOnly, kComputeOnly}) b->Args({128, 8192, mode, 0});
+  // Account of the split-KV time: loads alone, math alone.
+  for (int mode : {kLoadsOnly, kComputeOnly}) b->Args({128, 8192, mode, 0});
 }
 BENCHMARK(BM_MlaDecode)->Apply(mla_shapes)->ArgNames({"B", "S", "mode", "parts"})->UseManualTime();
 

@@ -1,6 +1,6 @@
 // The split-KV kernel: each block walks (scheduler part, head group) tiles. A template over the
-// body's variant, so the tests and the benchmark run the bulk-copy and loads-only / math-only
-// variants through the very kernel the op launches. kFusedCombine = true is
+// body's variant, so the benchmark runs the loads-only / math-only variants through the very
+// kernel the op launches. kFusedCombine = true is
 // mla_attention's one-kernel path: it must be launched with one block per tile, all co-resident
 // (mla_attention checks tiles <= SMs; one ~196 KB block fits per SM).
 #pragma once
@@ -14,7 +14,7 @@ namespace encore::ops::mla {
 
 template <SplitKvVariant kVariant = SplitKvVariant::kCpAsync, bool kFusedCombine = false>
 __global__ void __launch_bounds__(kBlockThreads, 1) mla_splitkv_kernel(const __grid_constant__ MlaAttentionParams p) {
-  extern __shared__ __align__(128) char smem[];
+  extern __shared__ __align__(1024) char smem[];  // (the body aligns it itself too)
   encore::device::wait_for_upstream();
   encore::device::allow_downstream();  // the combine's own wait still covers all of this grid
   const int tiles = p.num_parts * head_groups(p.num_heads);

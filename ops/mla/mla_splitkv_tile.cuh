@@ -1,20 +1,19 @@
 // Split-KV attention body (spec §8): one tile = (scheduler part, group of 32 query heads).
-// Per 64-token page: S = Q K^T and O += P V on tensor cores (mma.sync m16n8k16, bf16 in, fp32
-// accumulate), online softmax in base 2, P rounded to bf16. One page in shared memory serves K
-// (576 columns) and V (its first 512 columns). Pages stream through a 2-stage pipeline of 16-byte
-// cp.async copies; rows beyond the sequence length are zero-filled, never loaded. (A variant with
-// one bulk copy per 1152-byte row on an mbarrier gives identical results but measured 577 us
-// against 388 us at 128 x 8K on the H200, so cp.async is the op's path. Pulling the next 1-4
-// pages into L2 with bulk prefetches measured 4-28% slower at 128 x 8K and was dropped.)
+// Per 64-token page: S = Q K^T and O += P V on the warpgroup tensor cores (wgmma, bf16 in, fp32
+// accumulate, every operand read from shared memory), online softmax in base 2, P rounded to bf16.
+// One page in shared memory serves K (576 columns) and V (its first 512 columns); pages and the
+// query rows sit in the 128-byte swizzled layout of common/wgmma.cuh (9 column blocks of 64
+// values). Pages stream through a 2-stage pipeline of 16-byte cp.async copies; rows beyond the
+// sequence length are zero-filled, never loaded. (The mma.sync version of this body measured 2.1
+// us of math per page on the H200; one bulk copy per row and L2 prefetches of the next pages were
+// slower than cp.async and were dropped.)
 //
-// Warp roles (8 warps, 256 threads):
-//   scores:  S^T = K Q^T. Warp w computes tokens 32*(w%2)..+31 x all 32 heads over the k slice
-//            144*(w/2)..+143; its slice of Q^T stays in registers for the whole request (72 regs),
-//            so each K element is read from shared memory exactly once per page (Q-in-smem
-//            re-read Q and K per warp: 295 KB of smem reads per page; now 74 KB + 64 KB of
-//            k-slice partials). The four partials of a score are added in slice order.
-//   softmax: thread t owns row t/8, tokens 8*(t%8)..+7
-//   P V:     warp w owns output columns 64*w..+63 for all 32 rows
+// Warpgroup roles (2 warpgroups, 256 threads):
+//   scores:  S^T = K Q^T (M = 64 tokens, N = 32 heads); warpgroup g takes the k16 steps 2 s + g
+//            (s < 18); the two partials are added in order by the softmax.
+//   softmax: thread t owns head row t/8, tokens 8*(t%8)..+7; writes P (bf16) as [head][token].
+//   P V:     O^T = V^T P^T (M = 64 latent columns per wgmma, N = 32 heads, K = 64 tokens);
+//            warpgroup g owns the output columns 256g..256g+255.
 #pragma once
 
 #include <cmath>
@@ -23,6 +22,7 @@
 #include <encore/ops/mla.h>
 
 #include "common/launch.cuh"
+#include "common/wgmma.cuh"
 #include "mla/mla_combine.cuh"
 #include "mla/mla_device.cuh"
 #include "mla/mla_plan.h"
@@ -30,47 +30,57 @@
 namespace encore::ops::mla {
 
 struct SplitKvConfig {
-  static constexpr int kRows = 32;                     // query heads per tile
-  static constexpr int kRowStride = kMlaRowDim + 8;    // bf16 elements; +16 B keeps ldmatrix conflict-free
+  static constexpr int kRows = 32;  // query heads per tile (the wgmma N)
   static constexpr int kStages = 2;
-  static constexpr int kKSlices = 4;                        // score warps split k = 576 four ways
-  static constexpr int kKSteps = kMlaRowDim / 16 / kKSlices;  // m16n8k16 steps per slice (9)
-  static constexpr int kTokenHalves = kWarpsPerBlock / kKSlices;  // score warps per k slice (2)
-  static constexpr int kHeadTiles = kRows / 8;              // n8 tiles of heads (4)
-  static constexpr int kPartialStride = kMlaPageTokens + 4; // fp32; conflict-free fragment stores
-  static constexpr int kProbStride = kMlaPageTokens + 8;    // bf16
-  static constexpr int kChunksPerRow = kMlaRowDim / 8;      // 16-byte chunks per cache row
+  static constexpr int kWarpgroups = kWarpsPerBlock / 4;
+  static constexpr int kBlockCols = 64;                                  // values per 128-byte swizzle row
+  static constexpr int kColBlocks = kMlaRowDim / kBlockCols;             // 9
+  static constexpr int kColBlockBytes = kMlaPageTokens * 128;            // one column block of a page
+  static constexpr int kPageBytes = kColBlocks * kColBlockBytes;
+  static constexpr int kQColBlockBytes = kRows * 128;                    // one column block of Q
+  static constexpr int kKStepsPerGroup = kMlaRowDim / 16 / kWarpgroups;  // score k16 steps (18)
+  static constexpr int kOutBlocksPerGroup = kMlaLatentDim / kBlockCols / kWarpgroups;  // P V m64 blocks (4)
+  static constexpr int kPartialStride = kMlaPageTokens + 4;  // fp32; conflict-free fragment stores
+  static constexpr int kOutStride = kMlaLatentDim + 4;       // fp32 staging of O; conflict-free stores
+  static constexpr int kChunksPerRow = kMlaRowDim / 8;       // 16-byte chunks per cache row
 };
 
-static_assert(SplitKvConfig::kKSlices * SplitKvConfig::kTokenHalves == kWarpsPerBlock);
-static_assert(SplitKvConfig::kTokenHalves * 32 == kMlaPageTokens);
-static_assert(SplitKvConfig::kKSteps * 16 * SplitKvConfig::kKSlices == kMlaRowDim);
+static_assert(SplitKvConfig::kWarpgroups == 2 && SplitKvConfig::kKStepsPerGroup * 16 * 2 == kMlaRowDim);
+static_assert(SplitKvConfig::kRows * SplitKvConfig::kOutStride * 4 <= SplitKvConfig::kPageBytes,
+              "O is staged in a page stage");
 
 // How the tile moves pages and which phases it runs. kCpAsync is the op; the others exist for the
-// tests and the benchmark's account of the time (bulk row copies; loads without the math; the
-// math without loads after the first stages, on stale data; the last two move pages with bulk
-// copies, as they were measured).
-enum class SplitKvVariant { kBulk, kCpAsync, kLoadsOnly, kComputeOnly };
+// benchmark's account of the time (loads without the math; the math without loads after the
+// first stages, on stale data).
+enum class SplitKvVariant { kCpAsync, kLoadsOnly, kComputeOnly };
 
 struct SplitKvSmem {
-  std::uint64_t* bars;    // [kStages] mbarriers of the bulk copies
-  __nv_bfloat16* page;    // [kStages][64][kRowStride]
-  float* partial;         // [kKSlices][32][kPartialStride]: scores of each k slice
-  __nv_bfloat16* probs;   // [32][kProbStride]
+  char* page;             // [kStages][kColBlocks][64 tokens x 128 B], swizzled
+  char* q;                // [kColBlocks][32 heads x 128 B], swizzled
+  char* probs;            // [32 heads x 128 B]: P as bf16, swizzled
+  float* partial;         // [kWarpgroups][32][kPartialStride]: scores of each k half
   float* row_max;         // [32] running max, log2 domain
   float* row_sum;         // [32] running sum of p (fp32)
   float* row_alpha;       // [32] rescale factor of the current page
 
+  // The swizzled tiles need 1024-byte aligned addresses: the device aligns the base at run time,
+  // the host (sizing only) counts the worst-case pad.
   __host__ __device__ explicit SplitKvSmem(char* base) {
-    encore::device::SmemAllocator a(base);
-    bars = a.take<std::uint64_t>(SplitKvConfig::kStages, 8);
-    page = a.take<__nv_bfloat16>(SplitKvConfig::kStages * kMlaPageTokens * SplitKvConfig::kRowStride, 128);
-    partial = a.take<float>(SplitKvConfig::kKSlices * SplitKvConfig::kRows * SplitKvConfig::kPartialStride);
-    probs = a.take<__nv_bfloat16>(SplitKvConfig::kRows * SplitKvConfig::kProbStride);
+#ifdef __CUDA_ARCH__
+    const std::size_t pad = (encore::device::kSwizzleAtomBytes - encore::device::smem_address(base) % encore::device::kSwizzleAtomBytes) %
+                            encore::device::kSwizzleAtomBytes;
+#else
+    const std::size_t pad = encore::device::kSwizzleAtomBytes;
+#endif
+    encore::device::SmemAllocator a(base + pad);
+    page = a.take<char>(std::size_t(SplitKvConfig::kStages) * SplitKvConfig::kPageBytes, encore::device::kSwizzleAtomBytes);
+    q = a.take<char>(std::size_t(SplitKvConfig::kColBlocks) * SplitKvConfig::kQColBlockBytes, encore::device::kSwizzleAtomBytes);
+    probs = a.take<char>(SplitKvConfig::kRows * 128, encore::device::kSwizzleAtomBytes);
+    partial = a.take<float>(SplitKvConfig::kWarpgroups * SplitKvConfig::kRows * SplitKvConfig::kPartialStride);
     row_max = a.take<float>(SplitKvConfig::kRows);
     row_sum = a.take<float>(SplitKvConfig::kRows);
     row_alpha = a.take<float>(SplitKvConfig::kRows);
-    bytes = a.used();
+    bytes = pad + a.used();
   }
   std::size_t bytes;
 };
@@ -83,24 +93,21 @@ namespace detail_splitkv {
 
 using Cfg = SplitKvConfig;
 
-// This warp's k slice of Q^T as mma B fragments (k16 x n8, 4 n-tiles of 8 heads): b0 holds
-// Q[head][k + 2(lane%4) .. +1] with head = 8 nt + lane/4, b1 the same 8 columns later. Heads
-// beyond num_heads are zero.
-using QFrags = std::uint32_t[SplitKvConfig::kKSteps][SplitKvConfig::kHeadTiles][2];
-__device__ __forceinline__ void load_q_frags(const MlaAttentionParams& p, int req, int group, int kslice, QFrags& qf) {
-  const int lane = threadIdx.x % 32;
+// Copy placement: thread t moves 16-byte chunk t % 8 of rows t / 8 (+ 32) of every column block,
+// so its shared and global offsets are the same for every page and block up to constants.
+static_assert(kBlockThreads == 8 * 32, "8 chunks x 32 rows per column block and pass");
+__device__ __forceinline__ int copy_row() { return threadIdx.x / 8; }
+__device__ __forceinline__ int copy_smem_offset() { return encore::device::swizzled_offset(copy_row(), threadIdx.x % 8); }
+__device__ __forceinline__ int copy_elem_offset() { return copy_row() * kMlaRowDim + (threadIdx.x % 8) * 8; }
+
+// The tile's 32 query rows of request `req` -> q (swizzled); heads beyond num_heads are zero.
+__device__ __forceinline__ void load_q(const MlaAttentionParams& p, int req, int group, char* q) {
+  const int head = group * Cfg::kRows + copy_row();
+  const bool valid = head < p.num_heads;
+  const __nv_bfloat16* src = p.q576 + (std::int64_t(req) * p.num_heads + (valid ? head : 0)) * kMlaRowDim + (threadIdx.x % 8) * 8;
+  char* dst = q + copy_smem_offset();
 #pragma unroll
-  for (int nt = 0; nt < Cfg::kHeadTiles; ++nt) {
-    const int head = group * Cfg::kRows + nt * 8 + lane / 4;
-    const bool valid = head < p.num_heads;
-    const std::uint32_t* src = reinterpret_cast<const std::uint32_t*>(
-        p.q576 + (std::int64_t(req) * p.num_heads + (valid ? head : 0)) * kMlaRowDim + kslice * Cfg::kKSteps * 16 + 2 * (lane % 4));
-#pragma unroll
-    for (int ks = 0; ks < Cfg::kKSteps; ++ks) {
-      qf[ks][nt][0] = valid ? src[ks * 8] : 0u;
-      qf[ks][nt][1] = valid ? src[ks * 8 + 4] : 0u;
-    }
-  }
+  for (int b = 0; b < Cfg::kColBlocks; ++b) device::cp_async_16(dst + b * Cfg::kQColBlockBytes, src + b * Cfg::kBlockCols, valid ? 16 : 0);
 }
 
 // Page id of (request, page); read one iteration ahead so its latency hides behind compute.
@@ -108,40 +115,22 @@ __device__ __forceinline__ std::int32_t page_id_of(const MlaAttentionParams& p, 
   return p.cache.block_table[std::int64_t(req) * p.cache.block_table_stride + page_idx];
 }
 
-// Page `page_id` -> one stage; token rows >= valid_tokens are zero-filled. A page id outside the
-// pool is never read: the stage is zero-filled and the step is flagged. Called by all threads.
-// Bulk: warp 0 announces the bytes on the stage's mbarrier and issues one copy per row.
-template <bool kBulk>
-__device__ __forceinline__ void load_page(const MlaAttentionParams& p, std::int32_t page_id, int valid_tokens,
-                                          __nv_bfloat16* stage, std::uint64_t* bar) {
+// Page `page_id` -> one stage (swizzled); token rows >= valid_tokens are zero-filled. A page id
+// outside the pool is never read: the stage is zero-filled and the step is flagged. Called by all
+// threads.
+__device__ __forceinline__ void load_page(const MlaAttentionParams& p, std::int32_t page_id, int valid_tokens, char* stage) {
   if (page_id < 0 || page_id >= p.cache.num_pages) {
     if (threadIdx.x == 0) atomicOr(p.error_flag, kMlaErrorPageId);
     valid_tokens = 0;
     page_id = 0;
   }
-  const __nv_bfloat16* base = p.cache.pages + std::int64_t(page_id) * kMlaPageTokens * kMlaRowDim;
-  if constexpr (kBulk) {
-    for (int c = threadIdx.x; c < (kMlaPageTokens - valid_tokens) * Cfg::kChunksPerRow; c += kBlockThreads) {
-      const int row = valid_tokens + c / Cfg::kChunksPerRow, chunk = c % Cfg::kChunksPerRow;
-      *reinterpret_cast<uint4*>(stage + row * Cfg::kRowStride + chunk * 8) = make_uint4(0u, 0u, 0u, 0u);
-    }
-    if (threadIdx.x < 32) {
-      if (threadIdx.x == 0) {
-        encore::device::fence_proxy_async();  // the stage's earlier generic reads come first
-        encore::device::barrier_arrive_expect(bar, std::uint32_t(valid_tokens) * kMlaRowDim * sizeof(__nv_bfloat16));
-      }
-      __syncwarp();
-      for (int row = threadIdx.x; row < valid_tokens; row += 32)
-        encore::device::bulk_copy_to_shared(stage + row * Cfg::kRowStride, base + std::int64_t(row) * kMlaRowDim,
-                              kMlaRowDim * sizeof(__nv_bfloat16), bar);
-    }
-  } else {
-    for (int c = threadIdx.x; c < kMlaPageTokens * Cfg::kChunksPerRow; c += kBlockThreads) {
-      const int row = c / Cfg::kChunksPerRow, chunk = c % Cfg::kChunksPerRow;
-      const bool valid = row < valid_tokens;
-      device::cp_async_16(stage + row * Cfg::kRowStride + chunk * 8, base + (valid ? row * kMlaRowDim + chunk * 8 : 0),
-                          valid ? 16 : 0);
-    }
+  const __nv_bfloat16* src = p.cache.pages + std::int64_t(page_id) * kMlaPageTokens * kMlaRowDim + copy_elem_offset();
+  char* dst = stage + copy_smem_offset();
+  const int lo_bytes = copy_row() < valid_tokens ? 16 : 0, hi_bytes = copy_row() + 32 < valid_tokens ? 16 : 0;
+#pragma unroll
+  for (int b = 0; b < Cfg::kColBlocks; ++b) {
+    device::cp_async_16(dst + b * Cfg::kColBlockBytes, src + b * Cfg::kBlockCols, lo_bytes);
+    device::cp_async_16(dst + b * Cfg::kColBlockBytes + 32 * 128, src + 32 * kMlaRowDim + b * Cfg::kBlockCols, hi_bytes);
   }
 }
 
@@ -202,17 +191,21 @@ template <SplitKvVariant kVariant, bool kFusedCombine>
 __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, const std::int32_t* meta, char* smem_base) {
   using Cfg = SplitKvConfig;
   using namespace detail_splitkv;
-  constexpr bool kBulk = kVariant != SplitKvVariant::kCpAsync;
+  namespace dev = encore::device;
   constexpr bool kMath = kVariant != SplitKvVariant::kLoadsOnly;
   const int begin_req = meta[kMetaBeginReq], end_req = meta[kMetaEndReq];
   SplitKvSmem sm(smem_base);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Warp index through a shuffle so the compiler knows it is warp-uniform: the descriptors
+  // derived from it then live in uniform registers (no per-wgmma conversions).
+  const int warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0), lane = threadIdx.x % 32;
+  const int wg = warp / 4, wg_warp = warp % 4;  // warpgroup, warp within it
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;  // scores in log2 units, fp32
-  if (kBulk && threadIdx.x == 0) {
-    for (int s = 0; s < Cfg::kStages; ++s) encore::device::barrier_init(&sm.bars[s], 1);  // first use after the request's barrier
-    encore::device::fence_barrier_init();
-  }
-  std::uint32_t phases = 0;  // bit s: parity of stage s's next completion
+  // Operand descriptors at this warpgroup's first k step (scores: k steps 2 s + wg, so step s
+  // sits in column block s / 2 at +32 (2 (s % 2) + wg) bytes) and first output column block.
+  const dev::WgmmaDesc q_desc(sm.q + wg * 32, dev::kSwizzleAtomBytes);
+  const dev::WgmmaDesc k_desc(sm.page + wg * 32, dev::kSwizzleAtomBytes);
+  const dev::WgmmaDesc v_desc(sm.page + wg * Cfg::kOutBlocksPerGroup * Cfg::kColBlockBytes, dev::kSwizzleAtomBytes);
+  const dev::WgmmaDesc p_desc(sm.probs, dev::kSwizzleAtomBytes);
 
   for (int req = begin_req; req <= end_req; ++req) {
     const int len = p.seq_lens[req];
@@ -225,83 +218,65 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
     const int token_end = min(len, page_end_plan * kMlaPageTokens);
     const int num_pages = max((token_end + kMlaPageTokens - 1) / kMlaPageTokens - page_begin, 0);
 
-    __syncthreads();  // previous request's readers of q / stats are done
+    __syncthreads();  // previous request's readers of q / stats / staged O are done
     if (threadIdx.x < Cfg::kRows) {
       sm.row_max[threadIdx.x] = -INFINITY;
       sm.row_sum[threadIdx.x] = 0.f;
     }
-    QFrags qf;
-    load_q_frags(p, req, group, warp / Cfg::kTokenHalves, qf);
+    load_q(p, req, group, sm.q);  // lands with the first stage's group
     for (int s = 0; s < Cfg::kStages; ++s) {
       if (s < num_pages) {
         const int pg = page_begin + s;
-        load_page<kBulk>(p, page_id_of(p, req, pg), min(token_end - pg * kMlaPageTokens, kMlaPageTokens),
-                         sm.page + s * kMlaPageTokens * Cfg::kRowStride, &sm.bars[s]);
+        load_page(p, page_id_of(p, req, pg), min(token_end - pg * kMlaPageTokens, kMlaPageTokens), sm.page + s * Cfg::kPageBytes);
       }
       device::cp_async_commit();
     }
 
-    float acc[2][8][4];  // [m-tile][n-tile of 8 columns][fragment]
+    float acc[Cfg::kOutBlocksPerGroup][16];  // O^T: [m64 column block][fragment]
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int cb = 0; cb < Cfg::kOutBlocksPerGroup; ++cb)
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+      for (int e = 0; e < 16; ++e) acc[cb][e] = 0.f;
 
     for (int i = 0; i < num_pages; ++i) {
       const int pg = page_begin + i;
       const int valid_tokens = min(token_end - pg * kMlaPageTokens, kMlaPageTokens);
-      const __nv_bfloat16* kv = sm.page + (i % Cfg::kStages) * kMlaPageTokens * Cfg::kRowStride;
-      const std::int32_t next_id = i + Cfg::kStages < num_pages ? page_id_of(p, req, pg + Cfg::kStages) : 0;
       const int stage = i % Cfg::kStages;
-      if constexpr (kBulk) {
-        if (kVariant != SplitKvVariant::kComputeOnly || i < Cfg::kStages) {
-          encore::device::barrier_wait(&sm.bars[stage], (phases >> stage) & 1u);
-          phases ^= 1u << stage;
-        }
-      } else {
-        device::cp_async_wait<Cfg::kStages - 1>();
-      }
+      const std::int32_t next_id = i + Cfg::kStages < num_pages ? page_id_of(p, req, pg + Cfg::kStages) : 0;
+      device::cp_async_wait<Cfg::kStages - 1>();
+      dev::fence_proxy_async();  // this thread's copies, visible to the tensor cores' reads
       __syncthreads();
+      const std::uint32_t stage_off = stage * Cfg::kPageBytes;
 
-      // ---- scores S^T = K Q^T: 32 tokens x 32 heads per warp over its k slice
+      // ---- scores S^T = K Q^T: 64 tokens x 32 heads per warpgroup over its k half
       if constexpr (kMath) {
-        const int half = warp % Cfg::kTokenHalves, kslice = warp / Cfg::kTokenHalves;
-        float s_acc[2][Cfg::kHeadTiles][4] = {};  // [token m-tile][head n-tile][fragment]
-        const __nv_bfloat16* a_ptr =
-            kv + (half * 32 + lane % 16) * Cfg::kRowStride + kslice * Cfg::kKSteps * 16 + (lane / 16) * 8;
+        float s_acc[16];
+        dev::wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < Cfg::kKSteps; ++ks)
+        for (int s = 0; s < Cfg::kKStepsPerGroup; ++s) {
+          const int step_off = (s / 2) * Cfg::kColBlockBytes + (s % 2) * 64, q_off = (s / 2) * Cfg::kQColBlockBytes + (s % 2) * 64;
+          dev::wgmma_m64n32k16_bf16<0>(s_acc, k_desc.at(stage_off + step_off), q_desc.at(q_off), s > 0);
+        }
+        dev::wgmma_commit();
+        dev::wgmma_wait<0>();
+        // Fragment (token 16 w + lane/4 (+8), head 8 j + 2 (lane%4) (+1)) -> partial[wg][head][token].
+        float* part = sm.partial + wg * Cfg::kRows * Cfg::kPartialStride;
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            std::uint32_t a[4];
-            device::ldmatrix_x4(a, a_ptr + mt * 16 * Cfg::kRowStride + ks * 16);
-#pragma unroll
-            for (int nt = 0; nt < Cfg::kHeadTiles; ++nt) device::mma_bf16_16816(s_acc[mt][nt], a, qf[ks][nt][0], qf[ks][nt][1]);
-          }
-        // Fragment (token lane/4 (+8), heads 2(lane%4) + {0, 1}) -> partial[kslice][head][token].
-        float* part = sm.partial + kslice * Cfg::kRows * Cfg::kPartialStride;
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < Cfg::kHeadTiles; ++nt) {
-            const int token = half * 32 + mt * 16 + lane / 4, head = nt * 8 + 2 * (lane % 4);
-            part[head * Cfg::kPartialStride + token] = s_acc[mt][nt][0];
-            part[(head + 1) * Cfg::kPartialStride + token] = s_acc[mt][nt][1];
-            part[head * Cfg::kPartialStride + token + 8] = s_acc[mt][nt][2];
-            part[(head + 1) * Cfg::kPartialStride + token + 8] = s_acc[mt][nt][3];
-          }
+        for (int e = 0; e < 16; ++e) {
+          const int token = 16 * wg_warp + lane / 4 + 8 * ((e / 2) % 2), head = 8 * (e / 4) + 2 * (lane % 4) + e % 2;
+          part[head * Cfg::kPartialStride + token] = s_acc[e];
+        }
       }
       __syncthreads();
 
       // ---- online softmax: 8 threads per row, 8 tokens each
+      bool max_moved = false;  // some row's max rose: O must be rescaled
       if constexpr (kMath) {
         const int row = threadIdx.x / 8, sub = threadIdx.x % 8;
         float s[8] = {};
 #pragma unroll
-        for (int ksl = 0; ksl < Cfg::kKSlices; ++ksl) {  // k slices added in a fixed order
-          const float* part = sm.partial + (ksl * Cfg::kRows + row) * Cfg::kPartialStride + sub * 8;
+        for (int half = 0; half < Cfg::kWarpgroups; ++half) {  // k halves added in a fixed order
+          const float* part = sm.partial + (half * Cfg::kRows + row) * Cfg::kPartialStride + sub * 8;
           const float4 lo = *reinterpret_cast<const float4*>(part), hi = *reinterpret_cast<const float4*>(part + 4);
           s[0] += lo.x, s[1] += lo.y, s[2] += lo.z, s[3] += lo.w;
           s[4] += hi.x, s[5] += hi.y, s[6] += hi.z, s[7] += hi.w;
@@ -322,11 +297,10 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
         for (int j = 0; j < 8; j += 2) {
           const float p0 = exp2f(s[j] - new_max), p1 = exp2f(s[j + 1] - new_max);
           sum += p0 + p1;  // fp32 sum: keeps the LSE exact to fp32 (P itself goes to bf16)
-          const __nv_bfloat162 pr = __floats2bfloat162_rn(p0, p1);
-          packed[j / 2] = *reinterpret_cast<const std::uint32_t*>(&pr);
+          packed[j / 2] = device::pack_bf16x2(p0, p1);
         }
-        *reinterpret_cast<uint4*>(sm.probs + row * Cfg::kProbStride + sub * 8) =
-            make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        *reinterpret_cast<uint4*>(sm.probs + dev::swizzled_offset(row, sub)) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        dev::fence_proxy_async();  // P is read by the tensor cores
 #pragma unroll
         for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
         __syncwarp();  // every lane of the row has read row_max before lane 0 updates it
@@ -335,76 +309,72 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
           sm.row_alpha[row] = alpha;
           sm.row_sum[row] = sm.row_sum[row] * alpha + sum;
           sm.row_max[row] = new_max;
+          max_moved = alpha != 1.f;
         }
       }
-      __syncthreads();
+      const bool rescale = __syncthreads_or(max_moved);  // (x 1 is exact: skipping it changes no bit)
 
-      // ---- O = alpha O + P V: 32 rows x 64 columns per warp, k = 64 tokens
+      // ---- O^T = alpha O^T + V^T P^T: 4 blocks of 64 columns x 32 heads per warpgroup, k = 64 tokens
       if constexpr (kMath) {
+        if (rescale) {
+          float alpha[8];  // heads 8 j + 2 (lane%4) + {0, 1}
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          const float a_lo = sm.row_alpha[mt * 16 + lane / 4], a_hi = sm.row_alpha[mt * 16 + lane / 4 + 8];
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt) {
-            acc[mt][nt][0] *= a_lo;
-            acc[mt][nt][1] *= a_lo;
-            acc[mt][nt][2] *= a_hi;
-            acc[mt][nt][3] *= a_hi;
+          for (int j = 0; j < 4; ++j) {
+            alpha[2 * j] = sm.row_alpha[8 * j + 2 * (lane % 4)];
+            alpha[2 * j + 1] = sm.row_alpha[8 * j + 2 * (lane % 4) + 1];
           }
+#pragma unroll
+          for (int cb = 0; cb < Cfg::kOutBlocksPerGroup; ++cb)
+#pragma unroll
+            for (int e = 0; e < 16; ++e) acc[cb][e] *= alpha[2 * (e / 4) + e % 2];
         }
-        const int mat = lane / 8;
+        dev::wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < kMlaPageTokens / 16; ++ks) {
-          std::uint32_t a[2][4];
+        for (int cb = 0; cb < Cfg::kOutBlocksPerGroup; ++cb)
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
-            device::ldmatrix_x4(a[mt], sm.probs + (mt * 16 + lane % 16) * Cfg::kProbStride + ks * 16 + (lane / 16) * 8);
-#pragma unroll
-          for (int np = 0; np < 4; ++np) {
-            std::uint32_t b[4];
-            const int token = ks * 16 + (mat % 2) * 8 + lane % 8;
-            const int col = warp * 64 + np * 16 + (mat / 2) * 8;
-            device::ldmatrix_x4_trans(b, kv + token * Cfg::kRowStride + col);
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-              device::mma_bf16_16816(acc[mt][2 * np], a[mt], b[0], b[1]);
-              device::mma_bf16_16816(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
-            }
+          for (int ks = 0; ks < kMlaPageTokens / 16; ++ks) {
+            dev::wgmma_m64n32k16_bf16<1>(acc[cb], v_desc.at(stage_off + cb * Cfg::kColBlockBytes + ks * 16 * 128), p_desc.at(ks * 32), true);
           }
-        }
+        dev::wgmma_commit();
+        dev::wgmma_wait<0>();
       }
       __syncthreads();  // stage, scores and probs free again
 
       if (i + Cfg::kStages < num_pages && kVariant != SplitKvVariant::kComputeOnly) {
         const int next = pg + Cfg::kStages;
-        load_page<kBulk>(p, next_id, min(token_end - next * kMlaPageTokens, kMlaPageTokens),
-                         sm.page + stage * kMlaPageTokens * Cfg::kRowStride, &sm.bars[stage]);
+        load_page(p, next_id, min(token_end - next * kMlaPageTokens, kMlaPageTokens), sm.page + stage * Cfg::kPageBytes);
       }
       device::cp_async_commit();
     }
-    device::cp_async_wait<0>();  // (cp.async variant) no copy outlives the request
+    device::cp_async_wait<0>();  // no copy outlives the request
     __syncthreads();
 
-    // ---- epilogue: O / l and the LSE (natural log) of each row, final or partial slot
+    // ---- epilogue: O / l and the LSE (natural log) of each row, final or partial slot. O goes
+    // through a free stage so the global stores are whole rows.
     const int slot = split_base + split_idx;
     float* o_base = is_split ? p.partial_o + std::int64_t(slot) * p.num_heads * kMlaLatentDim
                              : p.o_lat + std::int64_t(req) * p.num_heads * kMlaLatentDim;
     float* lse_base = is_split ? p.partial_lse + std::int64_t(slot) * p.num_heads : p.lse + std::int64_t(req) * p.num_heads;
+    float* o_stage = reinterpret_cast<float*>(sm.page);  // [32][kOutStride]
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int cb = 0; cb < Cfg::kOutBlocksPerGroup; ++cb)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = mt * 16 + lane / 4 + half * 8;
-        const int head = group * Cfg::kRows + row;
-        if (head >= p.num_heads) continue;
-        const float l = sm.row_sum[row];
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        float* o_row = o_base + std::int64_t(head) * kMlaLatentDim + warp * 64 + (lane % 4) * 2;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-          *reinterpret_cast<float2*>(o_row + nt * 8) =
-              make_float2(acc[mt][nt][2 * half] * inv, acc[mt][nt][2 * half + 1] * inv);
+      for (int e = 0; e < 16; ++e) {
+        const int col = (wg * Cfg::kOutBlocksPerGroup + cb) * Cfg::kBlockCols + 16 * wg_warp + lane / 4 + 8 * ((e / 2) % 2);
+        const int head = 8 * (e / 4) + 2 * (lane % 4) + e % 2;
+        o_stage[head * Cfg::kOutStride + col] = acc[cb][e];
       }
+    __syncthreads();
+    constexpr int kRowFloat4 = kMlaLatentDim / 4;
+    for (int it = threadIdx.x; it < Cfg::kRows * kRowFloat4; it += kBlockThreads) {
+      const int row = it / kRowFloat4, c4 = it % kRowFloat4;
+      const int head = group * Cfg::kRows + row;
+      if (head >= p.num_heads) break;  // rows only grow with it
+      const float l = sm.row_sum[row];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const float4 v = *reinterpret_cast<const float4*>(o_stage + row * Cfg::kOutStride + c4 * 4);
+      reinterpret_cast<float4*>(o_base + std::int64_t(head) * kMlaLatentDim)[c4] = make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+    }
     if (threadIdx.x < Cfg::kRows) {
       const int row = threadIdx.x, head = group * Cfg::kRows + row;
       if (head < p.num_heads) {
