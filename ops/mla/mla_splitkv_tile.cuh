@@ -42,7 +42,6 @@ struct SplitKvConfig {
   static constexpr int kOutBlocksPerGroup = kMlaLatentDim / kBlockCols / kWarpgroups;  // P V m64 blocks (4)
   static constexpr int kPartialStride = kMlaPageTokens + 4;  // fp32; conflict-free fragment stores
   static constexpr int kOutStride = kMlaLatentDim + 4;       // fp32 staging of O; conflict-free stores
-  static constexpr int kChunksPerRow = kMlaRowDim / 8;       // 16-byte chunks per cache row
 };
 
 static_assert(SplitKvConfig::kWarpgroups == 2 && SplitKvConfig::kKStepsPerGroup * 16 * 2 == kMlaRowDim);
