@@ -1,4 +1,4 @@
-// Split-KV attention kernel and launchers (one block per tile: ~196 KB of shared memory each):
+// Split-KV attention kernel and launchers (one block per tile: ~202 KB of shared memory each):
 // mla_splitkv alone, and mla_attention, which fuses the combine when it can.
 #include <encore/ops/mla.h>
 

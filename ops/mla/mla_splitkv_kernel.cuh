@@ -2,7 +2,7 @@
 // body's variant, so the benchmark runs the loads-only / math-only variants through the very
 // kernel the op launches. kFusedCombine = true is
 // mla_attention's one-kernel path: it must be launched with one block per tile, all co-resident
-// (mla_attention checks tiles <= SMs; one ~196 KB block fits per SM).
+// (mla_attention checks tiles <= SMs; one ~202 KB block fits per SM).
 #pragma once
 
 #include <encore/ops/mla.h>
