@@ -179,6 +179,9 @@ void mla_shapes(benchmark::internal::Benchmark* b) {
     for (auto [batch, len] : shapes) b->Args({batch, len, mode, 0});
   // Account of the split-KV time: loads alone, math alone.
   for (int mode : {kLoadsOnly, kComputeOnly}) b->Args({128, 8192, mode, 0});
+  // B = 1 with fewer, longer splits than one part per SM (fewer partials to merge).
+  for (int len : {4096, 32768})
+    for (int parts : {33, 66}) b->Args({1, len, kAttention, parts});
 }
 BENCHMARK(BM_MlaDecode)->Apply(mla_shapes)->ArgNames({"B", "S", "mode", "parts"})->UseManualTime();
 

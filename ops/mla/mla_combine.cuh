@@ -6,8 +6,11 @@
 //            w_i = exp(lse_i - lse);
 //   output:  bucket b of nb = combine_buckets(splits) sums w_i o_i over splits i = b, b + nb, ...
 //            in index order (fma), then the buckets are added in order 0..nb-1.
-// nb depends only on the split count, never on the caller's tiling.
-// Partials are read through L2 (ld.cg): in the fused kernel other SMs wrote them in this grid.
+// nb depends only on the split count, never on the caller's tiling. The standalone tile reads the
+// partials from global memory as it goes; the fused combine first stages its slice of them in
+// shared memory with one round of copies. Both run combine_items.
+// Partials are read through L2 (ld.cg, cp.async.cg): in the fused kernel other SMs wrote them in
+// this grid.
 #pragma once
 
 #include <cmath>
@@ -33,13 +36,10 @@ __host__ __device__ inline int combine_buckets(int splits) {
 // Shared memory of combine_items: one float4 per thread and item.
 inline constexpr std::size_t kCombineRedBytes = std::size_t(kBlockThreads) * 16 * kCombineItemsPerThread;
 
-// One warp: weights of the `splits` partials of one (request, head) row into weight[0..splits),
-// returns the row's LSE (every lane). plse points at partial_lse[first slot][head]; stride = heads.
-// The LSEs are read once (one trip to L2) into weight[], then reduced from shared memory.
-__device__ inline float combine_weights_warp(const float* plse, int stride, int splits, float* weight) {
+// One warp: weights of `splits` partials from their LSEs, already in weight[0..splits) (shared
+// memory, visible to the warp), written over them in place; returns the row's LSE (every lane).
+__device__ inline float combine_weights_from_lse(int splits, float* weight) {
   const int lane = threadIdx.x % 32;
-  for (int i = lane; i < splits; i += 32) weight[i] = __ldcg(plse + std::int64_t(i) * stride);
-  __syncwarp();
   float m = -INFINITY;
   for (int i = lane; i < splits; i += 32) m = fmaxf(m, weight[i]);
 #pragma unroll
@@ -55,19 +55,47 @@ __device__ inline float combine_weights_warp(const float* plse, int stride, int 
   return lse;
 }
 
+// One warp: weights of the `splits` partials of one (request, head) row into weight[0..splits),
+// returns the row's LSE (every lane). plse points at partial_lse[first slot][head]; stride = heads.
+// The LSEs are read once (one trip to L2) into weight[], then reduced from shared memory.
+__device__ inline float combine_weights_warp(const float* plse, int stride, int splits, float* weight) {
+  const int lane = threadIdx.x % 32;
+  for (int i = lane; i < splits; i += 32) weight[i] = __ldcg(plse + std::int64_t(i) * stride);
+  __syncwarp();
+  return combine_weights_from_lse(splits, weight);
+}
+
+// Where combine_items reads split i's float4 `item` of a request: the partials in global memory
+// (slots first .. first + splits - 1), read through L2.
+struct PartialsInGlobal {
+  const float4* first_slot;
+  std::int64_t slot_stride;  // float4 per slot
+  __device__ PartialsInGlobal(const MlaAttentionParams& p, int first)
+      : first_slot(reinterpret_cast<const float4*>(p.partial_o) + std::int64_t(first) * p.num_heads * kFloat4PerRow),
+        slot_stride(std::int64_t(p.num_heads) * kFloat4PerRow) {}
+  __device__ float4 operator()(int i, int item) const { return __ldcg(first_slot + i * slot_stride + item); }
+};
+
+// ... or copies of items [begin, begin + n) staged in shared memory, split-major.
+struct PartialsStaged {
+  const float4* staged;  // [splits][n]
+  int begin, n;
+  __device__ float4 operator()(int i, int item) const { return staged[i * n + item - begin]; }
+};
+
 // All threads: o_lat float4 items [begin, end) of request `req` (item = head * 128 + float4 of
-// the head's row), from the partials in slots first .. first + splits - 1. The weight of split i
-// for head h is weight[(h - weight_head0) * splits + i] (shared memory, complete on entry).
+// the head's row) from its `splits` partials, read by `load(i, item)`. The weight of split i for
+// head h is weight[(h - weight_head0) * splits + i] (shared memory, complete on entry).
 // Thread (bucket, j) handles kCombineItemsPerThread items per pass and issues their loads
-// together (the chain is L2 latency, not bytes). `red`: kCombineRedBytes. Ends with a barrier.
-__device__ inline void combine_items(const MlaAttentionParams& p, int req, int first, int splits, int begin, int end,
-                                     const float* weight, int weight_head0, float4* red) {
+// together (from global memory the chain is L2 latency, not bytes). `red`: kCombineRedBytes.
+// Ends with a barrier.
+template <class LoadPartial>
+__device__ inline void combine_items(const MlaAttentionParams& p, int req, int splits, int begin, int end, const float* weight,
+                                     int weight_head0, float4* red, const LoadPartial& load) {
   constexpr int K = kCombineItemsPerThread;
   const int nb = combine_buckets(splits), per_pass = kBlockThreads / nb;
   const int bucket = threadIdx.x / per_pass, j = threadIdx.x % per_pass;
-  const std::int64_t slot_stride = std::int64_t(p.num_heads) * kFloat4PerRow;
-  const float4* po = reinterpret_cast<const float4*>(p.partial_o) + std::int64_t(first) * slot_stride;
-  float4* out = reinterpret_cast<float4*>(p.o_lat) + std::int64_t(req) * slot_stride;
+  float4* out = reinterpret_cast<float4*>(p.o_lat) + std::int64_t(req) * p.num_heads * kFloat4PerRow;
   for (int base = begin; base < end; base += per_pass * K) {
     int item[K];
     const float* w[K];
@@ -82,7 +110,7 @@ __device__ inline void combine_items(const MlaAttentionParams& p, int req, int f
     for (int i = bucket; i < splits; i += nb) {
       float4 x[K];
 #pragma unroll
-      for (int k = 0; k < K; ++k) x[k] = item[k] < end ? __ldcg(po + i * slot_stride + item[k]) : make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int k = 0; k < K; ++k) x[k] = item[k] < end ? load(i, item[k]) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         const float wi = w[k][i];

@@ -32,9 +32,10 @@ Status mla_splitkv(const MlaAttentionParams& p, cudaStream_t stream) {
 
 // Fused only while every tile has its own SM: a tile waits for the other parts of its requests,
 // which therefore must all be resident (more than half of an SM's shared memory per block means
-// one block per SM).
+// one block per SM), and a request's slice of partials (splits <= parts) fits the free stages.
 bool mla_attention_fused(const MlaAttentionParams& p) {
-  return p.counters != nullptr && mla_splitkv_num_tiles(p) <= detail::sm_count();
+  return p.counters != nullptr && mla_splitkv_num_tiles(p) <= detail::sm_count() &&
+         mla::detail_splitkv::fused_combine_fits(p.num_parts);
 }
 
 Status mla_attention(const MlaAttentionParams& p, cudaStream_t stream) {

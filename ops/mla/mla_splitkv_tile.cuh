@@ -133,6 +133,18 @@ __device__ __forceinline__ void load_page(const MlaAttentionParams& p, std::int3
   }
 }
 
+// Fused combine staging in the free page stages: combine_items' reduction space, the slice's
+// weights, then its partials. A slice
+// holds at most items / splits + 1 float4 items of each split and spans at most
+// items / splits / 128 + 2 head rows, so items + splits float4 and 8 splits + 128 bytes of weights
+// bound it (checked against the stages by fused_combine_fits).
+__host__ __device__ inline int fused_combine_weight_bytes(int slice_heads, int splits) { return (slice_heads * splits * 4 + 15) / 16 * 16; }
+__host__ __device__ inline bool fused_combine_fits(int max_splits) {
+  const int items = SplitKvConfig::kRows * kFloat4PerRow;
+  return kCombineRedBytes + (items + max_splits) * 16 + 8 * max_splits + 128 + 16 <=
+         std::size_t(SplitKvConfig::kStages) * SplitKvConfig::kPageBytes;
+}
+
 __device__ __forceinline__ std::int32_t* fused_counter(const MlaAttentionParams& p, int req, int group) {
   return p.counters + std::int64_t(req) * head_groups(p.num_heads) + group;
 }
@@ -147,10 +159,22 @@ __device__ __forceinline__ void fused_arrive(std::int32_t* counter) {
   }
 }
 
+// Slice `split_idx` of `splits` of a head group's float4 items: what that part merges.
+struct ItemRange {
+  int begin, end;
+};
+__device__ inline ItemRange fused_combine_slice(const MlaAttentionParams& p, int group, int split_idx, int splits) {
+  const int head0 = group * Cfg::kRows, heads = min(Cfg::kRows, p.num_heads - head0);
+  const int items = heads * kFloat4PerRow, item0 = head0 * kFloat4PerRow;
+  return {item0 + split_idx * items / splits, item0 + (split_idx + 1) * items / splits};
+}
+
 // Fused combine of one split request: wait until all `splits` parts have arrived, merge slice
 // `split_idx` of the group's float4 items (disjoint slices, mla_combine's order), then leave; the
-// last part to leave (count 2 splits) resets the counter to zero for the next call. `smem`: the
-// free page stages. A flagged step merges nothing but still keeps the counter protocol.
+// last part to leave (count 2 splits) resets the counter to zero for the next call. The slice's
+// partials are copied into `smem` (the free page stages) in one round, their weights computed
+// meanwhile: the merge costs a few L2 / DRAM round trips, not one per pass of items. A flagged step
+// merges nothing but still keeps the counter protocol.
 __device__ inline void fused_combine(const MlaAttentionParams& p, int req, int group, int split_idx, bool write,
                                      std::int32_t* counter, char* smem) {
   const int first = p.num_splits[req];
@@ -160,24 +184,31 @@ __device__ inline void fused_combine(const MlaAttentionParams& p, int req, int g
     __threadfence();
   }
   __syncthreads();
-  if (write) {
-    const int warp = threadIdx.x / 32;
-    const int head0 = group * Cfg::kRows, heads = min(Cfg::kRows, p.num_heads - head0);
-    const int items = heads * kFloat4PerRow, item0 = head0 * kFloat4PerRow;
-    const int begin = item0 + split_idx * items / splits, end = item0 + (split_idx + 1) * items / splits;
-    if (begin < end) {  // uniform over the block
-      float4* red = reinterpret_cast<float4*>(smem);
-      float* weight = reinterpret_cast<float*>(smem + kCombineRedBytes);  // [heads of the slice][splits]
-      const int h_lo = begin / kFloat4PerRow, h_hi = (end - 1) / kFloat4PerRow;
-      for (int h = h_lo + warp; h <= h_hi; h += kWarpsPerBlock) {
-        const float lse = combine_weights_warp(p.partial_lse + std::int64_t(first) * p.num_heads + h, p.num_heads, splits,
-                                               weight + (h - h_lo) * splits);
-        // The slice holding a row's first item writes the row's LSE.
-        if (threadIdx.x % 32 == 0 && h * kFloat4PerRow >= begin) p.lse[std::int64_t(req) * p.num_heads + h] = lse;
-      }
-      __syncthreads();
-      combine_items(p, req, first, splits, begin, end, weight, h_lo, red);  // ends with a barrier
+  const auto [begin, end] = fused_combine_slice(p, group, split_idx, splits);
+  if (write && begin < end) {  // uniform over the block
+    const int n = end - begin, h_lo = begin / kFloat4PerRow, slice_heads = (end - 1) / kFloat4PerRow - h_lo + 1;
+    float4* red = reinterpret_cast<float4*>(smem);
+    float* weight = reinterpret_cast<float*>(smem + kCombineRedBytes);  // [heads of the slice][splits]
+    float4* staged = reinterpret_cast<float4*>(smem + kCombineRedBytes + fused_combine_weight_bytes(slice_heads, splits));  // [splits][n]
+    const std::int64_t slot_stride = std::int64_t(p.num_heads) * kFloat4PerRow;
+    const float4* po = reinterpret_cast<const float4*>(p.partial_o) + std::int64_t(first) * slot_stride + begin;
+    for (int idx = threadIdx.x; idx < splits * n; idx += kBlockThreads) {
+      const int i = idx / n;
+      device::cp_async_16(staged + idx, po + i * slot_stride + (idx - i * n));
     }
+    device::cp_async_commit();
+    for (int idx = threadIdx.x; idx < slice_heads * splits; idx += kBlockThreads)
+      weight[idx] = __ldcg(p.partial_lse + std::int64_t(first + idx % splits) * p.num_heads + h_lo + idx / splits);
+    __syncthreads();  // the LSEs are in place
+    const int warp = threadIdx.x / 32;
+    for (int h = h_lo + warp; h < h_lo + slice_heads; h += kWarpsPerBlock) {
+      const float lse = combine_weights_from_lse(splits, weight + (h - h_lo) * splits);
+      // The slice holding a row's first item writes the row's LSE.
+      if (threadIdx.x % 32 == 0 && h * kFloat4PerRow >= begin) p.lse[std::int64_t(req) * p.num_heads + h] = lse;
+    }
+    device::cp_async_wait<0>();
+    __syncthreads();  // weights and the staged partials are in place
+    combine_items(p, req, splits, begin, end, weight, h_lo, red, PartialsStaged{staged, begin, n});  // ends with a barrier
   }
   if (threadIdx.x == 0 && atomicAdd(counter, 1) == 2 * splits - 1) atomicExch(counter, 0);
 }
@@ -416,8 +447,10 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
     // All arrivals of this tile precede its waits, so no tile waits on one that waits on it.
     __syncthreads();  // the page stages are free (every copy of every request was awaited)
     char* stages = reinterpret_cast<char*>(SplitKvSmem(smem_base).page);
-    if (first_split) fused_combine(p, begin_req, group, meta[kMetaBeginSplit], !flagged, fused_counter(p, begin_req, group), stages);
+    // The last request first: its other parts ran it at their start, so its counter is complete,
+    // while this part's first request waits for the part before, which ends about now.
     if (last_split) fused_combine(p, end_req, group, 0, !flagged, fused_counter(p, end_req, group), stages);
+    if (first_split) fused_combine(p, begin_req, group, meta[kMetaBeginSplit], !flagged, fused_counter(p, begin_req, group), stages);
   }
 }
 

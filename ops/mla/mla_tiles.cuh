@@ -192,7 +192,7 @@ __device__ inline void mla_combine_tile(const MlaAttentionParams& p, int tile, c
   __syncthreads();
   const int per_slice = kFloat4PerRow / slices;
   const int begin = head * kFloat4PerRow + slice * per_slice;
-  combine_items(p, req, first, splits, begin, begin + per_slice, weight, head, red);  // ends with a barrier
+  combine_items(p, req, splits, begin, begin + per_slice, weight, head, red, PartialsInGlobal(p, first));  // ends with a barrier
 }
 
 // ---- V up-projection (tile = (head, 32 output rows)) ---------------------------------------------
