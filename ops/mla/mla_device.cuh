@@ -17,8 +17,12 @@ using encore::device::cp_async_16;  // (shared with the other ops: common/async_
 using encore::device::cp_async_commit;
 using encore::device::cp_async_wait;
 
-// Integer counters that blocks of one grid use to meet (the fused combine): acquire loads see
-// everything a releasing block wrote before its increment.
+// Integer counters that blocks of one grid use to meet (the fused combine): a block's writes, a
+// barrier, then one thread's release increment; the reader's acquire load, then a barrier. The
+// barriers and the release's cumulativity carry the ordering, so no full fence is needed.
+__device__ __forceinline__ void add_release_gpu(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
 __device__ __forceinline__ int load_acquire_gpu(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");

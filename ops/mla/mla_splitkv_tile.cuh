@@ -150,13 +150,10 @@ __device__ __forceinline__ std::int32_t* fused_counter(const MlaAttentionParams&
 }
 
 // Fused combine, arrival: this part's partial of (request, head group) is written (by all
-// threads, before the barrier); the release orders it before the increment.
+// threads, before the barrier); the release increment orders it before the count.
 __device__ __forceinline__ void fused_arrive(std::int32_t* counter) {
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(counter, 1);
-  }
+  if (threadIdx.x == 0) device::add_release_gpu(counter, 1);
 }
 
 // Slice `split_idx` of `splits` of a head group's float4 items: what that part merges.
@@ -179,11 +176,9 @@ __device__ inline void fused_combine(const MlaAttentionParams& p, int req, int g
                                      std::int32_t* counter, char* smem) {
   const int first = p.num_splits[req];
   const int splits = p.num_splits[req + 1] - first;
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0)
     while (device::load_acquire_gpu(counter) < splits) __nanosleep(32);
-    __threadfence();
-  }
-  __syncthreads();
+  __syncthreads();  // (with thread 0's acquire: the other parts' partials are visible to all)
   const auto [begin, end] = fused_combine_slice(p, group, split_idx, splits);
   if (write && begin < end) {  // uniform over the block
     const int n = end - begin, h_lo = begin / kFloat4PerRow, slice_heads = (end - 1) / kFloat4PerRow - h_lo + 1;
