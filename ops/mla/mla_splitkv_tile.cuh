@@ -134,10 +134,9 @@ __device__ __forceinline__ void load_page(const MlaAttentionParams& p, std::int3
 }
 
 // Fused combine staging in the free page stages: combine_items' reduction space, the slice's
-// weights, then its partials. A slice
-// holds at most items / splits + 1 float4 items of each split and spans at most
-// items / splits / 128 + 2 head rows, so items + splits float4 and 8 splits + 128 bytes of weights
-// bound it (checked against the stages by fused_combine_fits).
+// weights, then its partials. A slice holds at most items / splits + 1 float4 items of each split
+// and spans at most items / splits / 128 + 2 head rows, so items + splits float4 and 8 splits + 128
+// bytes of weights bound it (checked against the stages by fused_combine_fits).
 __host__ __device__ inline int fused_combine_weight_bytes(int slice_heads, int splits) { return (slice_heads * splits * 4 + 15) / 16 * 16; }
 __host__ __device__ inline bool fused_combine_fits(int max_splits) {
   const int items = SplitKvConfig::kRows * kFloat4PerRow;
