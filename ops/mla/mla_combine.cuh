@@ -1,6 +1,6 @@
-// The LSE merge of split-KV partials (spec §9), written once for both callers: the standalone
-// combine tile (mla_tiles.cuh) and the combine fused into the split-KV kernel
-// (mla_splitkv_tile.cuh). Both run the same per-element order, so their outputs are bit-identical:
+// The LSE merge of split-KV partials (spec §9), written once for every caller: the standalone
+// combine tile (mla_tiles.cuh) and the two combines fused into the split-KV kernel
+// (mla_splitkv_tile.cuh: a slice per part, or a two-split request in its first split's epilogue). Both run the same per-element order, so their outputs are bit-identical:
 //   weights: one warp per (request, head): m = max lse_i (0 if all -inf), L = sum exp(lse_i - m)
 //            (lane-strided, then a fixed shuffle tree), lse = m + log L (+inf if L = 0),
 //            w_i = exp(lse_i - lse);
@@ -8,7 +8,8 @@
 //            in index order (fma), then the buckets are added in order 0..nb-1.
 // nb depends only on the split count, never on the caller's tiling. The standalone tile reads the
 // partials from global memory as it goes; the fused combine first stages its slice of them in
-// shared memory with one round of copies. Both run combine_items.
+// shared memory with one round of copies, and the pair merge reads its own split from its output
+// rows in shared memory. All run combine_items.
 // Partials are read through L2 (ld.cg, cp.async.cg): in the fused kernel other SMs wrote them in
 // this grid.
 #pragma once

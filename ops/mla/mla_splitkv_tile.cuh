@@ -207,6 +207,75 @@ __device__ inline void fused_combine(const MlaAttentionParams& p, int req, int g
   if (threadIdx.x == 0 && atomicAdd(counter, 1) == 2 * splits - 1) atomicExch(counter, 0);
 }
 
+// A request split in exactly two is merged by the part holding its split 0, in that split's
+// epilogue: split 0 is the part's last request and split 1 the next part's first, long done by
+// then, so the owner's own partial never leaves shared memory and nobody waits at the tile's end.
+// The partner only arrives. Requests with more splits use fused_combine.
+__device__ __forceinline__ bool fused_pair(const MlaAttentionParams& p, int req) { return p.num_splits[req + 1] - p.num_splits[req] == 2; }
+
+// Where combine_items reads a pair's splits: split 0 from this part's unnormalised O rows in
+// shared memory, scaled by 1 / l exactly as its partial would have been stored, split 1 staged.
+struct PairPartials {
+  const float* o_stage;   // [rows][kOutStride]
+  const float* row_sum;   // [rows]
+  const float4* partner;  // [rows][128]
+  int item0;              // item of row 0
+  __device__ float4 operator()(int i, int item) const {
+    const int it = item - item0;
+    if (i == 1) return partner[it];
+    const int row = it / kFloat4PerRow;
+    const float l = row_sum[row];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float4 v = *reinterpret_cast<const float4*>(o_stage + row * Cfg::kOutStride + (it % kFloat4PerRow) * 4);
+    return make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+  }
+};
+
+// Pair merge (all threads), split 0's epilogue: o_stage holds this part's unnormalised O rows
+// ([32][kOutStride], fp32), sm.row_sum / row_max their statistics. Waits for split 1, stages its
+// partial after o_stage, and merges with combine_items: the same bits as storing split 0 and
+// merging both. Resets the counter.
+static_assert(Cfg::kWarpgroups * Cfg::kRows * Cfg::kPartialStride * 4 >= kCombineRedBytes, "the pair merge reduces in the score partials");
+static_assert(Cfg::kRows * (Cfg::kOutStride + kMlaLatentDim) * 4 <= Cfg::kStages * Cfg::kPageBytes, "O and the partner's partial fit the stages");
+__device__ inline void fused_pair_merge(const MlaAttentionParams& p, int req, int group, const SplitKvSmem& sm, const float* o_stage) {
+  std::int32_t* counter = fused_counter(p, req, group);
+  const int partner = p.num_splits[req] + 1;
+  const int head0 = group * Cfg::kRows, heads = min(Cfg::kRows, p.num_heads - head0);
+  if (threadIdx.x == 0)
+    while (device::load_acquire_gpu(counter) < 1) __nanosleep(32);
+  __syncthreads();  // (with thread 0's acquire: the partner's partial is visible to all)
+  float4* staged = reinterpret_cast<float4*>(sm.page + Cfg::kRows * Cfg::kOutStride * 4);  // [heads][128]
+  const float4* src = reinterpret_cast<const float4*>(p.partial_o + (std::int64_t(partner) * p.num_heads + head0) * kMlaLatentDim);
+  for (int it = threadIdx.x; it < heads * kFloat4PerRow; it += kBlockThreads) device::cp_async_16(staged + it, src + it);
+  device::cp_async_commit();
+  float* weight = reinterpret_cast<float*>(sm.probs);  // [heads][2]: the splits' LSEs, then their weights
+  if (threadIdx.x < heads) {
+    const int row = threadIdx.x;
+    const float l = sm.row_sum[row];
+    weight[2 * row] = l > 0.f ? (sm.row_max[row] + log2f(l)) * 0.6931471805599453f : -INFINITY;  // as its partial LSE
+    weight[2 * row + 1] = __ldcg(p.partial_lse + std::int64_t(partner) * p.num_heads + head0 + row);
+  }
+  __syncthreads();
+  for (int h = threadIdx.x / 32; h < heads; h += kWarpsPerBlock) {
+    const float lse = combine_weights_from_lse(2, weight + 2 * h);
+    if (threadIdx.x % 32 == 0) p.lse[std::int64_t(req) * p.num_heads + head0 + h] = lse;
+  }
+  device::cp_async_wait<0>();
+  __syncthreads();  // weights and the partner's partial are in place
+  const int item0 = head0 * kFloat4PerRow;
+  combine_items(p, req, 2, item0, item0 + heads * kFloat4PerRow, weight, head0, reinterpret_cast<float4*>(sm.partial),
+                PairPartials{o_stage, sm.row_sum, staged, item0});  // ends with a barrier
+  if (threadIdx.x == 0) atomicExch(counter, 0);  // the partner arrived once and is gone
+}
+
+// Pair owner without math (flagged step): keeps the protocol, writes nothing.
+__device__ __forceinline__ void fused_pair_skip(std::int32_t* counter) {
+  if (threadIdx.x == 0) {
+    while (device::load_acquire_gpu(counter) < 1) __nanosleep(32);
+    atomicExch(counter, 0);
+  }
+}
+
 }  // namespace detail_splitkv
 
 // Every (request, page range) of one part for the heads of `group`: scores, online softmax and
@@ -389,6 +458,11 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
         o_stage[head * Cfg::kOutStride + col] = acc[cb][e];
       }
     __syncthreads();
+    if constexpr (kFusedCombine)
+      if (is_split && split_idx == 0 && fused_pair(p, req)) {
+        fused_pair_merge(p, req, group, sm, o_stage);
+        continue;  // no partial and no arrival: the output is written
+      }
     constexpr int kRowFloat4 = kMlaLatentDim / 4;
     for (int it = threadIdx.x; it < Cfg::kRows * kRowFloat4; it += kBlockThreads) {
       const int row = it / kRowFloat4, c4 = it % kRowFloat4;
@@ -414,8 +488,8 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
 }
 
 // One tile: every (request, page range) of part tile / groups, heads of group tile % groups.
-// kFusedCombine: the tiles of a split request merge its partials themselves (fused_combine; needs
-// p.counters and all tiles co-resident, which the launcher guarantees).
+// kFusedCombine: the tiles of a split request merge its partials themselves (fused_pair_merge or
+// fused_combine; needs p.counters and all tiles co-resident, which the launcher guarantees).
 template <SplitKvVariant kVariant = SplitKvVariant::kCpAsync, bool kFusedCombine = false>
 __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, char* smem_base) {
   using namespace detail_splitkv;
@@ -431,9 +505,19 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
   const int end_req = meta[kMetaEndReq];
   const bool first_split = meta[kMetaFirstIsSplit] != 0;
   const bool last_split = meta[kMetaLastIsSplit] != 0 && end_req != begin_req;
-  if (flagged) {  // (fused only) arrive for the split requests; nothing is computed or written
-    if (first_split) fused_arrive(fused_counter(p, begin_req, group));
-    if (last_split) fused_arrive(fused_counter(p, end_req, group));
+  // A split request's role in the fused combine: a pair's split 0 merges it in its epilogue, any
+  // other piece arrives (and, for more than two splits, merges a slice at the tile's end).
+  const bool first_owner = first_split && meta[kMetaBeginSplit] == 0 && fused_pair(p, begin_req);
+  const bool last_owner = last_split && fused_pair(p, end_req);  // an end request's piece is its split 0
+  if (flagged) {  // (fused only) keep the counter protocol; nothing is computed or written
+    if (first_split) {
+      if (first_owner) fused_pair_skip(fused_counter(p, begin_req, group));
+      else fused_arrive(fused_counter(p, begin_req, group));
+    }
+    if (last_split) {
+      if (last_owner) fused_pair_skip(fused_counter(p, end_req, group));
+      else fused_arrive(fused_counter(p, end_req, group));
+    }
   } else {
     splitkv_part<kVariant, kFusedCombine>(p, group, meta, smem_base);
   }
@@ -443,8 +527,9 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
     char* stages = reinterpret_cast<char*>(SplitKvSmem(smem_base).page);
     // The last request first: its other parts ran it at their start, so its counter is complete,
     // while this part's first request waits for the part before, which ends about now.
-    if (last_split) fused_combine(p, end_req, group, 0, !flagged, fused_counter(p, end_req, group), stages);
-    if (first_split) fused_combine(p, begin_req, group, meta[kMetaBeginSplit], !flagged, fused_counter(p, begin_req, group), stages);
+    if (last_split && !fused_pair(p, end_req)) fused_combine(p, end_req, group, 0, !flagged, fused_counter(p, end_req, group), stages);
+    if (first_split && !fused_pair(p, begin_req))
+      fused_combine(p, begin_req, group, meta[kMetaBeginSplit], !flagged, fused_counter(p, begin_req, group), stages);
   }
 }
 

@@ -150,7 +150,9 @@ Status mla_combine(const MlaAttentionParams& p, cudaStream_t stream);
 // kernel: each part of a split request writes its partial, increments the request's counter
 // (integer atomics), waits until all its parts have arrived (the tiles are co-resident: one block
 // per SM), then merges a disjoint slice of the request's output in the same fixed order as
-// mla_combine (bit-identical results), and the last part to leave resets the counter. Otherwise
+// mla_combine (bit-identical results), and the last part to leave resets the counter. A request
+// split in exactly two is merged whole by the part holding its first split, in that split's
+// epilogue, from its own output still in shared memory (the other part only arrives). Otherwise
 // mla_splitkv then mla_combine.
 Status mla_attention(const MlaAttentionParams& p, cudaStream_t stream);
 // Whether mla_attention runs the fused kernel for these parameters.
