@@ -301,8 +301,13 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
   const dev::WgmmaDesc p_desc(sm.probs, dev::kSwizzleAtomBytes);
 
   for (int req = begin_req; req <= end_req; ++req) {
-    const int len = p.seq_lens[req];
     const int page_begin = req == begin_req ? meta[kMetaBeginPage] : 0;
+    // The first pages' ids, read with the length (one round trip less before the first copies):
+    // clamped into the table row, used only for pages that exist.
+    std::int32_t first_ids[Cfg::kStages];
+#pragma unroll
+    for (int s = 0; s < Cfg::kStages; ++s) first_ids[s] = page_id_of(p, req, min(page_begin + s, p.cache.max_pages_per_seq - 1));
+    const int len = p.seq_lens[req];
     const int page_end_plan = req == end_req ? meta[kMetaEndPage] : plan_pages(len, 1 << 30);
     const int split_idx = req == begin_req ? meta[kMetaBeginSplit] : 0;
     const int split_base = p.num_splits[req];
@@ -320,7 +325,7 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
     for (int s = 0; s < Cfg::kStages; ++s) {
       if (s < num_pages) {
         const int pg = page_begin + s;
-        load_page(p, page_id_of(p, req, pg), min(token_end - pg * kMlaPageTokens, kMlaPageTokens), sm.page + s * Cfg::kPageBytes);
+        load_page(p, first_ids[s], min(token_end - pg * kMlaPageTokens, kMlaPageTokens), sm.page + s * Cfg::kPageBytes);
       }
       device::cp_async_commit();
     }
