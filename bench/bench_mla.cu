@@ -5,17 +5,16 @@
 // kernels, split-KV alone (the combine's share is the difference), and the scheduler alone (run
 // once per step, shared by the 7 MLA layers); at 128 x 8K also the account of the split-KV time.
 //
-// Measured 2026-12-02 on one H200 (132 SMs, measured read 4438-4482 GB/s), us per call (median):
+// Measured 2026-12-03 on one H200 (132 SMs, measured read 4425 GB/s; bench/RESULTS.md, thirteenth
+// session, run 9), us per call (median):
 //   B x S      fused  %read  2 kernels  split-KV only  scheduler  FlashMLA sm90
-//   1 x 4K     16.32   6.5     15.55        10.64         2.30        23.6
-//   1 x 32K    28.42  29.9     29.69        21.91         2.63        45.0
-//   1 x 128K   64.92  52.4     66.18        57.47         2.60        75.7
-//   64 x 4K   126.81  53.7    123.51       108.52         3.14        97
-//   128 x 8K  402.65  67.6    405.65       383.66         3.36       319
-// Account of the split-KV time at 128 x 8K: loads alone 302.5 us (89% of read bandwidth), math
-// alone 262.2 us, both 383.7 us; bulk row copies (mbarrier) 582.6 us. L2 prefetch of the next
-// 1 / 2 / 4 pages (cp.async.bulk.prefetch.L2) measured slower wherever a split has more than two
-// pages (128 x 8K: 419 us without, 444 / 438 / 536 with) and was dropped.
+//   1 x 4K     13.40   8.0     12.95         8.56         2.32        23.6
+//   1 x 32K    23.49  36.3     24.35        17.80         2.64        45.0
+//   1 x 128K   52.32  65.2     53.68        46.56         2.62        75.7
+//   64 x 4K    97.81  69.8    101.41        87.18         3.14        97
+//   128 x 8K  317.05  86.1    335.30       320.27         3.37       319
+// Split-KV alone at 128 x 8K moves between 293 and 320 us across H200s (fused 295-317 us). Account
+// of the split-KV time at 128 x 8K: loads alone 288.2 us (94.7% of read), math alone 225.1 us.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
