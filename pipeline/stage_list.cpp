@@ -147,6 +147,7 @@ class Builder {
     t.error_flag = buffer<std::int32_t>("flags.mla"), t.num_seqs = B_, t.num_heads = m.heads, t.num_parts = o_.mla_num_parts;
     t.softmax_scale = m.softmax_scale, t.o_lat = buffer<float>("mla.o_lat"), t.lse = buffer<float>("mla.lse");
     t.partial_o = buffer<float>("mla.partial_o"), t.partial_lse = buffer<float>("mla.partial_lse");
+    t.plan_settled = true;  // mla_sched and the step inputs ran first; only the append's rows are new
     push(StageKind::kMlaSplitKv, StageRole::kMlaSplitKv, l, &StageParams::mla_attention) = t;
     push(StageKind::kMlaCombine, StageRole::kMlaCombine, l, &StageParams::mla_attention) = t;
 

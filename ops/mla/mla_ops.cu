@@ -23,11 +23,13 @@ __global__ void __launch_bounds__(kBlockThreads) mla_sched_kernel(const __grid_c
 
 __global__ void __launch_bounds__(kBlockThreads) mla_kv_append_kernel(const __grid_constant__ MlaKvAppendParams p) {
   encore::device::wait_for_upstream();
+  // Early: split-KV with a settled plan starts its older pages during the append (its own wait
+  // still covers the newest rows written here).
+  encore::device::allow_downstream();
   for (int tile = blockIdx.x; tile < p.num_seqs; tile += gridDim.x) {
     mla_kv_append_tile(p, tile, nullptr);
     __syncthreads();
   }
-  encore::device::allow_downstream();
 }
 
 __global__ void __launch_bounds__(kBlockThreads) mla_q_absorb_kernel(const __grid_constant__ MlaQAbsorbParams p) {

@@ -15,7 +15,7 @@ namespace encore::ops::mla {
 template <SplitKvVariant kVariant = SplitKvVariant::kCpAsync, bool kFusedCombine = false>
 __global__ void __launch_bounds__(kBlockThreads, 1) mla_splitkv_kernel(const __grid_constant__ MlaAttentionParams p) {
   extern __shared__ __align__(1024) char smem[];  // (the body aligns it itself too)
-  encore::device::wait_for_upstream();
+  if (!p.plan_settled) encore::device::wait_for_upstream();  // else each tile waits after starting its first pages
   encore::device::allow_downstream();  // the combine's own wait still covers all of this grid
   const int tiles = p.num_parts * head_groups(p.num_heads);
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {

@@ -276,12 +276,50 @@ __device__ __forceinline__ void fused_pair_skip(std::int32_t* counter) {
   }
 }
 
+// The pages of request `req` that a part computes: page_begin .. page_begin + num_pages - 1 of the
+// request (tokens below token_end), and the ids of the first kStages of them, read speculatively
+// with the length (one round trip; clamped into the table row, used only for pages that exist).
+struct RequestPages {
+  int len, page_begin, token_end, num_pages;
+  std::int32_t first_ids[Cfg::kStages];
+  __device__ int valid_tokens(int j) const { return min(token_end - (page_begin + j) * kMlaPageTokens, kMlaPageTokens); }
+  // Page j holds the request's newest row: the one mla_kv_append writes in this step (the
+  // scheduler flags any position but len - 1).
+  __device__ bool newest(int j) const { return page_begin + j == (len - 1) / kMlaPageTokens; }
+};
+__device__ inline RequestPages request_pages(const MlaAttentionParams& p, const std::int32_t* meta, int req) {
+  RequestPages r;
+  r.page_begin = req == meta[kMetaBeginReq] ? meta[kMetaBeginPage] : 0;
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages; ++s) r.first_ids[s] = page_id_of(p, req, min(r.page_begin + s, p.cache.max_pages_per_seq - 1));
+  r.len = p.seq_lens[req];
+  const int page_end_plan = req == meta[kMetaEndReq] ? meta[kMetaEndPage] : plan_pages(r.len, 1 << 30);
+  // Pages that hold at least one token (a zero-length request has none).
+  r.token_end = min(r.len, page_end_plan * kMlaPageTokens);
+  r.num_pages = max((r.token_end + kMlaPageTokens - 1) / kMlaPageTokens - r.page_begin, 0);
+  return r;
+}
+
+// Plan settled (MlaAttentionParams::plan_settled), before griddepcontrol.wait: starts the copies
+// of the part's first pages but the newest (left uncommitted: they join the first request's first
+// copy group). Returns the first request's pages for splitkv_part.
+__device__ inline RequestPages start_settled_pages(const MlaAttentionParams& p, const std::int32_t* meta, char* smem_base) {
+  const RequestPages r = request_pages(p, meta, meta[kMetaBeginReq]);
+  char* stages = SplitKvSmem(smem_base).page;
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages; ++s)
+    if (s < r.num_pages && !r.newest(s)) load_page(p, r.first_ids[s], r.valid_tokens(s), stages + s * Cfg::kPageBytes);
+  return r;
+}
+
 }  // namespace detail_splitkv
 
 // Every (request, page range) of one part for the heads of `group`: scores, online softmax and
 // P V per page, then the final output or this split's partial (and, fused, the arrival).
+// `started`: the first request's pages, whose copies start_settled_pages() began (when early).
 template <SplitKvVariant kVariant, bool kFusedCombine>
-__device__ inline void splitkv_part(const MlaAttentionParams& p, int group, const std::int32_t* meta, char* smem_base) {
+__device__ inline void splitkv_part(const MlaAttentionParams& p, int group, const std::int32_t* meta, char* smem_base,
+                                    bool early_start, detail_splitkv::RequestPages started) {
   using Cfg = SplitKvConfig;
   using namespace detail_splitkv;
   namespace dev = encore::device;
@@ -301,32 +339,21 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
   const dev::WgmmaDesc p_desc(sm.probs, dev::kSwizzleAtomBytes);
 
   for (int req = begin_req; req <= end_req; ++req) {
-    const int page_begin = req == begin_req ? meta[kMetaBeginPage] : 0;
-    // The first pages' ids, read with the length (one round trip less before the first copies):
-    // clamped into the table row, used only for pages that exist.
-    std::int32_t first_ids[Cfg::kStages];
-#pragma unroll
-    for (int s = 0; s < Cfg::kStages; ++s) first_ids[s] = page_id_of(p, req, min(page_begin + s, p.cache.max_pages_per_seq - 1));
-    const int len = p.seq_lens[req];
-    const int page_end_plan = req == end_req ? meta[kMetaEndPage] : plan_pages(len, 1 << 30);
+    const bool early = early_start && req == begin_req;  // its settled pages are copying already
+    const RequestPages r = early ? started : request_pages(p, meta, req);
+    const int page_begin = r.page_begin, token_end = r.token_end, num_pages = r.num_pages;
     const int split_idx = req == begin_req ? meta[kMetaBeginSplit] : 0;
     const int split_base = p.num_splits[req];
     const bool is_split = p.num_splits[req + 1] - split_base > 1;
-    // Pages that hold at least one token (a zero-length request has none).
-    const int token_end = min(len, page_end_plan * kMlaPageTokens);
-    const int num_pages = max((token_end + kMlaPageTokens - 1) / kMlaPageTokens - page_begin, 0);
 
     __syncthreads();  // previous request's readers of q / stats / staged O are done
     if (threadIdx.x < Cfg::kRows) {
       sm.row_max[threadIdx.x] = -INFINITY;
       sm.row_sum[threadIdx.x] = 0.f;
     }
-    load_q(p, req, group, sm.q);  // lands with the first stage's group
+    load_q(p, req, group, sm.q);  // lands with the first stage's group (as do pages started early)
     for (int s = 0; s < Cfg::kStages; ++s) {
-      if (s < num_pages) {
-        const int pg = page_begin + s;
-        load_page(p, first_ids[s], min(token_end - pg * kMlaPageTokens, kMlaPageTokens), sm.page + s * Cfg::kPageBytes);
-      }
+      if (s < num_pages && !(early && !r.newest(s))) load_page(p, r.first_ids[s], r.valid_tokens(s), sm.page + s * Cfg::kPageBytes);
       device::cp_async_commit();
     }
 
@@ -495,18 +522,26 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
 // One tile: every (request, page range) of part tile / groups, heads of group tile % groups.
 // kFusedCombine: the tiles of a split request merge its partials themselves (fused_pair_merge or
 // fused_combine; needs p.counters and all tiles co-resident, which the launcher guarantees).
+// The kernel waits for upstream before the tile unless p.plan_settled; then the tile waits itself,
+// after starting its settled first pages.
 template <SplitKvVariant kVariant = SplitKvVariant::kCpAsync, bool kFusedCombine = false>
 __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, char* smem_base) {
   using namespace detail_splitkv;
-  // Read once: split-KV itself may OR in kMlaErrorPageId while other tiles run, and the fused
-  // tiles must all keep the counter protocol whatever they see.
-  const bool flagged = device::step_flagged(p.error_flag);
-  if (flagged && !kFusedCombine) return;
   const int groups = head_groups(p.num_heads);
   const int part = tile / groups, group = tile % groups;
   const std::int32_t* meta = p.sched_meta + part * kMlaMetaInts;
   const int begin_req = meta[kMetaBeginReq];
   if (begin_req < 0) return;
+  RequestPages started{};
+  if (p.plan_settled) {
+    started = start_settled_pages(p, meta, smem_base);
+    encore::device::wait_for_upstream();
+  }
+  // Read once: split-KV itself may OR in kMlaErrorPageId while other tiles run, and the fused
+  // tiles must all keep the counter protocol whatever they see.
+  const bool flagged = device::step_flagged(p.error_flag);
+  if (flagged && p.plan_settled) device::cp_async_wait<0>();  // no copy lands in reused or freed memory
+  if (flagged && !kFusedCombine) return;
   const int end_req = meta[kMetaEndReq];
   const bool first_split = meta[kMetaFirstIsSplit] != 0;
   const bool last_split = meta[kMetaLastIsSplit] != 0 && end_req != begin_req;
@@ -524,7 +559,7 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
       else fused_arrive(fused_counter(p, end_req, group));
     }
   } else {
-    splitkv_part<kVariant, kFusedCombine>(p, group, meta, smem_base);
+    splitkv_part<kVariant, kFusedCombine>(p, group, meta, smem_base, p.plan_settled, started);
   }
   if constexpr (kFusedCombine) {
     // All arrivals of this tile precede its waits, so no tile waits on one that waits on it.

@@ -40,6 +40,7 @@ struct MlaRig {
   std::vector<bf16> kv_b, pool;
   test::DeviceBuffer<std::int32_t> d_lens, d_pos, d_table, d_meta, d_splits, d_flag, d_counters;
   bool fused = true;  // hand counters to mla_attention (its one-kernel path where it applies)
+  bool settled = false;  // MlaAttentionParams::plan_settled (enqueue runs a decode step's order)
   test::DeviceBuffer<float> d_q, d_kv_a, d_norm, d_olat, d_lse, d_po, d_plse, d_out;
   test::DeviceBuffer<bf16> d_kv_b, d_pool, d_q576;
 
@@ -163,11 +164,12 @@ struct MlaRig {
     p.partial_o = d_po.get();
     p.partial_lse = d_plse.get();
     p.counters = fused ? d_counters.get() : nullptr;
+    p.plan_settled = settled;
     return p;
   }
+  // A decode step's order: the append runs right before attention (the settled plan's case).
   Status enqueue(cudaStream_t stream) const {
     ENCORE_RETURN_IF_ERROR(mla_sched(sched_params(), stream));
-    ENCORE_RETURN_IF_ERROR(mla_kv_append(append_params(), stream));
     MlaQAbsorbParams qa;
     qa.q = d_q.get();
     qa.q_stride = std::int64_t(heads) * kMlaQHeadDim;
@@ -178,6 +180,7 @@ struct MlaRig {
     qa.rope = rope;
     qa.q576 = d_q576.get();
     ENCORE_RETURN_IF_ERROR(mla_q_absorb(qa, stream));
+    ENCORE_RETURN_IF_ERROR(mla_kv_append(append_params(), stream));
     ENCORE_RETURN_IF_ERROR(mla_attention(attention_params(), stream));
     MlaVUpParams vu;
     vu.o_lat = d_olat.get();
@@ -420,6 +423,34 @@ TEST(MlaGpu, AppendRopePositionsAndNopeCopy) {
   }
 }
 
+// The plan settled: each split-KV tile starts copying its older pages before it waits for the
+// append that runs right before it, and copies its newest page after. The newest rows are NaN until
+// appended, so a page read early would poison the output. Same bits as the unsettled run.
+TEST(MlaGpu, SettledPlanReadsTheNewestPageAfterTheAppend) {
+  ENCORE_REQUIRE_GPU();
+  for (bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "fused" : "two kernels");
+    MlaRig rig({700, 130, 65, 0, 1, 64, 4096}, 32, mla_rope_none(), kMlaScaleKimi);
+    rig.fused = fused;
+    const std::vector<bf16> fresh = rig.pool;  // the newest rows still NaN
+    std::vector<float> want_o, want_lse;
+    for (int run = 0; run < 4; ++run) {
+      rig.settled = run > 0;
+      rig.pool = fresh;
+      rig.d_pool.upload(fresh);
+      rig.poison_outputs();
+      ENCORE_OK(rig.enqueue(nullptr));
+      const std::vector<float> o = rig.check(true, false), lse = rig.d_lse.download();
+      if (run == 0) {
+        want_o = o, want_lse = lse;
+        continue;
+      }
+      EXPECT_TRUE(test::bitwise_equal(o.data(), want_o.data(), o.size() * 4)) << "o_lat, settled run " << run;
+      EXPECT_TRUE(test::bitwise_equal(lse.data(), want_lse.data(), lse.size() * 4)) << "lse, settled run " << run;
+    }
+  }
+}
+
 TEST(MlaGpu, GraphCapturedOnceServesOtherLengths) {
   ENCORE_REQUIRE_GPU();
   const std::vector<std::int32_t> capacity = {5000, 700, 700, 130, 64};  // per-request allocation
@@ -452,14 +483,16 @@ TEST(MlaGpu, GraphCapturedOnceServesOtherLengths) {
 TEST(MlaGpu, BadDeviceInputLeavesCacheUntouched) {
   ENCORE_REQUIRE_GPU();
   struct Case { const char* name; int flag; bool outputs_untouched; };
+  for (bool settled : {false, true})
   for (Case c : {Case{"length over capacity", kMlaErrorLength, true}, Case{"negative length", kMlaErrorLength, true},
                  Case{"position mismatch", kMlaErrorPosition, true},
                  Case{"append page id out of range", kMlaErrorPageId, true},
                  Case{"read page id out of range", kMlaErrorPageId, false},
                  Case{"negative read page id", kMlaErrorPageId, false}}) {
-    SCOPED_TRACE(c.name);
+    SCOPED_TRACE(::testing::Message() << c.name << (settled ? ", plan settled" : ""));
     const std::string name = c.name;
     MlaRig rig({130, 64, 1}, 32, mla_rope_none(), kMlaScaleKimi);
+    rig.settled = settled;
     std::vector<std::int32_t> lens = rig.lens;
     if (name == "length over capacity") lens[0] = rig.capacity_pages * 64 + 1;
     if (name == "negative length") lens[0] = -5;

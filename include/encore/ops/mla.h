@@ -140,6 +140,12 @@ struct MlaAttentionParams {
   // leaves them zero again. Given to mla_attention, it runs one kernel: the split-KV tiles of a
   // split request meet on its counter and merge the partials themselves (see mla_attention).
   std::int32_t* counters = nullptr;
+  // The plan (sched_meta, num_splits, error_flag), seq_lens, the block table and every cache row
+  // but each request's newest were complete before the previous kernel in the stream started (a
+  // decode step: mla_sched and the step's inputs come first, and the newest row is the one
+  // mla_kv_append writes). Each split-KV tile then reads its plan and starts copying its first
+  // pages, but the newest, before it waits for that kernel (PDL); q576 and the newest page follow.
+  bool plan_settled = false;
 };
 int mla_splitkv_num_tiles(const MlaAttentionParams& p);
 int mla_combine_num_tiles(const MlaAttentionParams& p);
