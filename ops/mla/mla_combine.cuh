@@ -1,6 +1,7 @@
 // The LSE merge of split-KV partials (spec §9), written once for every caller: the standalone
 // combine tile (mla_tiles.cuh) and the two combines fused into the split-KV kernel
-// (mla_splitkv_tile.cuh: a slice per part, or a two-split request in its first split's epilogue). Both run the same per-element order, so their outputs are bit-identical:
+// (mla_fused_combine.cuh: a slice per part, or a two-split request in its first split's
+// epilogue). All run the same per-element order, so their outputs are bit-identical:
 //   weights: one warp per (request, head): m = max lse_i (0 if all -inf), L = sum exp(lse_i - m)
 //            (lane-strided, then a fixed shuffle tree), lse = m + log L (+inf if L = 0),
 //            w_i = exp(lse_i - lse);

@@ -1,0 +1,161 @@
+// Split-KV attention (spec §8): the tile's configuration and shared-memory plan, and how it moves
+// the cache: the query rows and 64-token pages are copied by 16-byte cp.async into the 128-byte
+// swizzled layout of common/wgmma.cuh (9 column blocks of 64 values); rows beyond the sequence
+// length are zero-filled, never loaded. Used by the split-KV body (mla_splitkv_tile.cuh) and the
+// fused combine (mla_fused_combine.cuh).
+#pragma once
+
+#include <cstdint>
+
+#include <encore/ops/mla.h>
+
+#include "common/launch.cuh"
+#include "common/wgmma.cuh"
+#include "mla/mla_device.cuh"
+#include "mla/mla_plan.h"
+
+namespace encore::ops::mla {
+
+struct SplitKvConfig {
+  static constexpr int kRows = 32;  // query heads per tile (the wgmma N)
+  static constexpr int kStages = 2;
+  static constexpr int kWarpgroups = kWarpsPerBlock / 4;
+  static constexpr int kBlockCols = 64;                                  // values per 128-byte swizzle row
+  static constexpr int kColBlocks = kMlaRowDim / kBlockCols;             // 9
+  static constexpr int kColBlockBytes = kMlaPageTokens * 128;            // one column block of a page
+  static constexpr int kPageBytes = kColBlocks * kColBlockBytes;
+  static constexpr int kQColBlockBytes = kRows * 128;                    // one column block of Q
+  static constexpr int kKStepsPerGroup = kMlaRowDim / 16 / kWarpgroups;  // score k16 steps (18)
+  static constexpr int kOutBlocksPerGroup = kMlaLatentDim / kBlockCols / kWarpgroups;  // P V m64 blocks (4)
+  static constexpr int kPartialStride = kMlaPageTokens + 4;  // fp32; conflict-free fragment stores
+  static constexpr int kOutStride = kMlaLatentDim + 4;       // fp32 staging of O; conflict-free stores
+};
+
+static_assert(SplitKvConfig::kWarpgroups == 2 && SplitKvConfig::kKStepsPerGroup * 16 * 2 == kMlaRowDim);
+static_assert(SplitKvConfig::kRows * SplitKvConfig::kOutStride * 4 <= SplitKvConfig::kPageBytes,
+              "O is staged in a page stage");
+
+// How the tile moves pages and which phases it runs. kCpAsync is the op; the others exist for the
+// benchmark's account of the time (loads without the math; the math without loads after the
+// first stages, on stale data).
+enum class SplitKvVariant { kCpAsync, kLoadsOnly, kComputeOnly };
+
+struct SplitKvSmem {
+  char* page;             // [kStages][kColBlocks][64 tokens x 128 B], swizzled
+  char* q;                // [kColBlocks][32 heads x 128 B], swizzled
+  char* probs;            // [32 heads x 128 B]: P as bf16, swizzled
+  float* partial;         // [kWarpgroups][32][kPartialStride]: scores of each k half
+  float* row_max;         // [32] running max, log2 domain
+  float* row_sum;         // [32] running sum of p (fp32)
+  float* row_alpha;       // [32] rescale factor of the current page
+
+  // The swizzled tiles need 1024-byte aligned addresses: the device aligns the base at run time,
+  // the host (sizing only) counts the worst-case pad.
+  __host__ __device__ explicit SplitKvSmem(char* base) {
+#ifdef __CUDA_ARCH__
+    const std::size_t pad = (encore::device::kSwizzleAtomBytes - encore::device::smem_address(base) % encore::device::kSwizzleAtomBytes) %
+                            encore::device::kSwizzleAtomBytes;
+#else
+    const std::size_t pad = encore::device::kSwizzleAtomBytes;
+#endif
+    encore::device::SmemAllocator a(base + pad);
+    page = a.take<char>(std::size_t(SplitKvConfig::kStages) * SplitKvConfig::kPageBytes, encore::device::kSwizzleAtomBytes);
+    q = a.take<char>(std::size_t(SplitKvConfig::kColBlocks) * SplitKvConfig::kQColBlockBytes, encore::device::kSwizzleAtomBytes);
+    probs = a.take<char>(SplitKvConfig::kRows * 128, encore::device::kSwizzleAtomBytes);
+    partial = a.take<float>(SplitKvConfig::kWarpgroups * SplitKvConfig::kRows * SplitKvConfig::kPartialStride);
+    row_max = a.take<float>(SplitKvConfig::kRows);
+    row_sum = a.take<float>(SplitKvConfig::kRows);
+    row_alpha = a.take<float>(SplitKvConfig::kRows);
+    bytes = pad + a.used();
+  }
+  std::size_t bytes;
+};
+
+inline std::size_t mla_splitkv_smem_bytes() { return SplitKvSmem(nullptr).bytes; }
+
+__host__ __device__ inline int head_groups(int num_heads) { return (num_heads + SplitKvConfig::kRows - 1) / SplitKvConfig::kRows; }
+
+namespace detail_splitkv {
+
+using Cfg = SplitKvConfig;
+
+// Copy placement: thread t moves 16-byte chunk t % 8 of rows t / 8 (+ 32) of every column block,
+// so its shared and global offsets are the same for every page and block up to constants.
+static_assert(kBlockThreads == 8 * 32, "8 chunks x 32 rows per column block and pass");
+__device__ __forceinline__ int copy_row() { return threadIdx.x / 8; }
+__device__ __forceinline__ int copy_smem_offset() { return encore::device::swizzled_offset(copy_row(), threadIdx.x % 8); }
+__device__ __forceinline__ int copy_elem_offset() { return copy_row() * kMlaRowDim + (threadIdx.x % 8) * 8; }
+
+// The tile's 32 query rows of request `req` -> q (swizzled); heads beyond num_heads are zero.
+__device__ __forceinline__ void load_q(const MlaAttentionParams& p, int req, int group, char* q) {
+  const int head = group * Cfg::kRows + copy_row();
+  const bool valid = head < p.num_heads;
+  const __nv_bfloat16* src = p.q576 + (std::int64_t(req) * p.num_heads + (valid ? head : 0)) * kMlaRowDim + (threadIdx.x % 8) * 8;
+  char* dst = q + copy_smem_offset();
+#pragma unroll
+  for (int b = 0; b < Cfg::kColBlocks; ++b) device::cp_async_16(dst + b * Cfg::kQColBlockBytes, src + b * Cfg::kBlockCols, valid ? 16 : 0);
+}
+
+// Page id of (request, page); read one iteration ahead so its latency hides behind compute.
+__device__ __forceinline__ std::int32_t page_id_of(const MlaAttentionParams& p, int req, int page_idx) {
+  return p.cache.block_table[std::int64_t(req) * p.cache.block_table_stride + page_idx];
+}
+
+// Page `page_id` -> one stage (swizzled); token rows >= valid_tokens are zero-filled. A page id
+// outside the pool is never read: the stage is zero-filled and the step is flagged. Called by all
+// threads.
+__device__ __forceinline__ void load_page(const MlaAttentionParams& p, std::int32_t page_id, int valid_tokens, char* stage) {
+  if (page_id < 0 || page_id >= p.cache.num_pages) {
+    if (threadIdx.x == 0) atomicOr(p.error_flag, kMlaErrorPageId);
+    valid_tokens = 0;
+    page_id = 0;
+  }
+  const __nv_bfloat16* src = p.cache.pages + std::int64_t(page_id) * kMlaPageTokens * kMlaRowDim + copy_elem_offset();
+  char* dst = stage + copy_smem_offset();
+  const int lo_bytes = copy_row() < valid_tokens ? 16 : 0, hi_bytes = copy_row() + 32 < valid_tokens ? 16 : 0;
+#pragma unroll
+  for (int b = 0; b < Cfg::kColBlocks; ++b) {
+    device::cp_async_16(dst + b * Cfg::kColBlockBytes, src + b * Cfg::kBlockCols, lo_bytes);
+    device::cp_async_16(dst + b * Cfg::kColBlockBytes + 32 * 128, src + 32 * kMlaRowDim + b * Cfg::kBlockCols, hi_bytes);
+  }
+}
+
+// The pages of request `req` that a part computes: page_begin .. page_begin + num_pages - 1 of the
+// request (tokens below token_end), and the ids of the first kStages of them, read speculatively
+// with the length (one round trip; clamped into the table row, used only for pages that exist).
+struct RequestPages {
+  int len, page_begin, token_end, num_pages;
+  std::int32_t first_ids[Cfg::kStages];
+  __device__ int valid_tokens(int j) const { return min(token_end - (page_begin + j) * kMlaPageTokens, kMlaPageTokens); }
+  // Page j holds the request's newest row: the one mla_kv_append writes in this step (the
+  // scheduler flags any position but len - 1).
+  __device__ bool newest(int j) const { return page_begin + j == (len - 1) / kMlaPageTokens; }
+};
+__device__ inline RequestPages request_pages(const MlaAttentionParams& p, const std::int32_t* meta, int req) {
+  RequestPages r;
+  r.page_begin = req == meta[kMetaBeginReq] ? meta[kMetaBeginPage] : 0;
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages; ++s) r.first_ids[s] = page_id_of(p, req, min(r.page_begin + s, p.cache.max_pages_per_seq - 1));
+  r.len = p.seq_lens[req];
+  const int page_end_plan = req == meta[kMetaEndReq] ? meta[kMetaEndPage] : plan_pages(r.len, 1 << 30);
+  // Pages that hold at least one token (a zero-length request has none).
+  r.token_end = min(r.len, page_end_plan * kMlaPageTokens);
+  r.num_pages = max((r.token_end + kMlaPageTokens - 1) / kMlaPageTokens - r.page_begin, 0);
+  return r;
+}
+
+// Plan settled (MlaAttentionParams::plan_settled), before griddepcontrol.wait: starts the copies
+// of the part's first pages but the newest (left uncommitted: they join the first request's first
+// copy group). Returns the first request's pages for splitkv_part.
+__device__ inline RequestPages start_settled_pages(const MlaAttentionParams& p, const std::int32_t* meta, char* smem_base) {
+  const RequestPages r = request_pages(p, meta, meta[kMetaBeginReq]);
+  char* stages = SplitKvSmem(smem_base).page;
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages; ++s)
+    if (s < r.num_pages && !r.newest(s)) load_page(p, r.first_ids[s], r.valid_tokens(s), stages + s * Cfg::kPageBytes);
+  return r;
+}
+
+}  // namespace detail_splitkv
+
+}  // namespace encore::ops::mla
