@@ -28,6 +28,10 @@ __device__ __forceinline__ int load_acquire_gpu(const int* p) {
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+// One thread: spins until *p >= count (acquire); the caller's barrier then hands it to the block.
+__device__ __forceinline__ void wait_count_acquire(const int* p, int count) {
+  while (load_acquire_gpu(p) < count) __nanosleep(32);
+}
 
 __device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

@@ -58,8 +58,7 @@ __device__ inline void fused_combine(const MlaAttentionParams& p, int req, int g
                                      std::int32_t* counter, char* smem) {
   const int first = p.num_splits[req];
   const int splits = p.num_splits[req + 1] - first;
-  if (threadIdx.x == 0)
-    while (device::load_acquire_gpu(counter) < splits) __nanosleep(32);
+  if (threadIdx.x == 0) device::wait_count_acquire(counter, splits);
   __syncthreads();  // (with thread 0's acquire: the other parts' partials are visible to all)
   const auto [begin, end] = fused_combine_slice(p, group, split_idx, splits);
   if (write && begin < end) {  // uniform over the block
@@ -125,8 +124,7 @@ __device__ inline void fused_pair_merge(const MlaAttentionParams& p, int req, in
   std::int32_t* counter = fused_counter(p, req, group);
   const int partner = p.num_splits[req] + 1;
   const int head0 = group * Cfg::kRows, heads = min(Cfg::kRows, p.num_heads - head0);
-  if (threadIdx.x == 0)
-    while (device::load_acquire_gpu(counter) < 1) __nanosleep(32);
+  if (threadIdx.x == 0) device::wait_count_acquire(counter, 1);
   __syncthreads();  // (with thread 0's acquire: the partner's partial is visible to all)
   float4* staged = reinterpret_cast<float4*>(sm.page + Cfg::kRows * Cfg::kOutStride * 4);  // [heads][128]
   const float4* src = reinterpret_cast<const float4*>(p.partial_o + (std::int64_t(partner) * p.num_heads + head0) * kMlaLatentDim);
@@ -155,7 +153,7 @@ __device__ inline void fused_pair_merge(const MlaAttentionParams& p, int req, in
 // Pair owner without math (flagged step): keeps the protocol, writes nothing.
 __device__ __forceinline__ void fused_pair_skip(std::int32_t* counter) {
   if (threadIdx.x == 0) {
-    while (device::load_acquire_gpu(counter) < 1) __nanosleep(32);
+    device::wait_count_acquire(counter, 1);
     atomicExch(counter, 0);
   }
 }

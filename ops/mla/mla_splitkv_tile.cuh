@@ -68,7 +68,8 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
     }
     load_q(p, req, group, sm.q);  // lands with the first stage's group (as do pages started early)
     for (int s = 0; s < Cfg::kStages; ++s) {
-      if (s < num_pages && !(early && !r.newest(s))) load_page(p, r.first_ids[s], r.valid_tokens(s), sm.page + s * Cfg::kPageBytes);
+      // (early: start_settled_pages already copies every first page but the newest)
+      if (s < num_pages && (!early || r.newest(s))) load_page(p, r.first_ids[s], r.valid_tokens(s), sm.page + s * Cfg::kPageBytes);
       device::cp_async_commit();
     }
 
