@@ -253,9 +253,10 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
     started = start_settled_pages(p, meta, smem_base);
     encore::device::wait_for_upstream();
   }
-  // Read once: split-KV itself may OR in kMlaErrorPageId while other tiles run, and the fused
-  // tiles must all keep the counter protocol whatever they see.
-  const bool flagged = device::step_flagged(p.error_flag);
+  // Read once, block-uniform: split-KV itself may OR in kMlaErrorPageId while other tiles run (or
+  // this tile's thread 0 just did, in start_settled_pages), and the fused tiles must all keep the
+  // counter protocol whatever they see.
+  const bool flagged = __syncthreads_or(device::step_flagged(p.error_flag));
   if (flagged && p.plan_settled) device::cp_async_wait<0>();  // no copy lands in reused or freed memory
   if (flagged && !kFusedCombine) return;
   const int end_req = meta[kMetaEndReq];
