@@ -77,7 +77,9 @@ void launch_variant(const MlaAttentionParams& p, cudaStream_t st) {
     return true;
   }();
   (void)attr_set;
-  mla::mla_splitkv_kernel<V><<<mla_splitkv_num_tiles(p), kBlockThreads, smem, st>>>(p);
+  mla::SplitKvArgs args;
+  check(mla::splitkv_args(p, &args));
+  mla::mla_splitkv_kernel<V><<<mla_splitkv_num_tiles(p), kBlockThreads, smem, st>>>(args);
   BENCH_CUDA(cudaGetLastError());
 }
 

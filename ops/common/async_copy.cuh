@@ -1,10 +1,12 @@
 // Asynchronous global -> shared copies, one set of primitives for every op: 16-byte cp.async
-// (completion by commit groups), and bulk copies (the TMA engine's cp.async.bulk) completing on an
-// mbarrier, whose bytes in flight cost no registers (the Q4_K GEMV, the MoE expert streams, MLA's
-// latent pages). sm_90.
+// (completion by commit groups), and bulk copies (the TMA engine's cp.async.bulk, flat or tiled
+// through a tensor map) completing on an mbarrier, whose bytes in flight cost no registers (the
+// Q4_K GEMV, the MoE expert streams, MLA's latent pages). sm_90.
 #pragma once
 
 #include <cstdint>
+
+#include <cuda.h>
 
 namespace encore::device {
 
@@ -65,6 +67,17 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
           smem_address(dst)),
       "l"(src), "r"(bytes), "r"(smem_address(bar)), "l"(policy)
+      : "memory");
+}
+
+// Tiled copy of the box at element coordinates (col, row) of a 2-D tensor map (host side:
+// common/tensor_map.h) into `dst` (1024-byte aligned for a swizzled map). `map` is the address of
+// a __grid_constant__ kernel parameter.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int col, int row, std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          smem_address(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(col), "r"(row), "r"(smem_address(bar))
       : "memory");
 }
 

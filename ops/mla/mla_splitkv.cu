@@ -4,9 +4,16 @@
 
 #include "common/cuda_check.h"
 #include "common/launch.cuh"
+#include "common/tensor_map.h"
 #include "mla/mla_splitkv_kernel.cuh"
 
 namespace encore::ops {
+
+Status mla::splitkv_args(const MlaAttentionParams& p, SplitKvArgs* args) {
+  args->p = p;
+  return detail::encode_tensor_map_2d_b16(&args->pages, p.cache.pages, kMlaRowDim, std::uint64_t(p.cache.num_pages) * kMlaPageTokens,
+                                          kMlaRowDim * 2, SplitKvConfig::kBlockCols, kMlaPageTokens, "mla cache.pages");
+}
 
 int mla_splitkv_num_tiles(const MlaAttentionParams& p) { return p.num_parts * mla::head_groups(p.num_heads); }
 
@@ -26,8 +33,10 @@ Status mla_splitkv(const MlaAttentionParams& p, cudaStream_t stream) {
   ENCORE_RETURN_IF_ERROR(mla_validate(p));
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   ENCORE_RETURN_IF_ERROR(check_splitkv_smem());
+  mla::SplitKvArgs args;
+  ENCORE_RETURN_IF_ERROR(mla::splitkv_args(p, &args));
   return detail::launch(mla::mla_splitkv_kernel<>, mla_splitkv_num_tiles(p), mla::mla_splitkv_smem_bytes(), stream, true,
-                        "mla_splitkv_kernel", p);
+                        "mla_splitkv_kernel", args);
 }
 
 // Fused only while every tile has its own SM: a tile waits for the other parts of its requests,
@@ -46,8 +55,10 @@ Status mla_attention(const MlaAttentionParams& p, cudaStream_t stream) {
   }
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   ENCORE_RETURN_IF_ERROR(check_splitkv_smem());
-  return detail::launch(mla::mla_splitkv_kernel<mla::SplitKvVariant::kCpAsync, true>,
-                        mla_splitkv_num_tiles(p), mla::mla_splitkv_smem_bytes(), stream, true, "mla_attention_fused_kernel", p);
+  mla::SplitKvArgs args;
+  ENCORE_RETURN_IF_ERROR(mla::splitkv_args(p, &args));
+  return detail::launch(mla::mla_splitkv_kernel<mla::SplitKvVariant::kOp, true>,
+                        mla_splitkv_num_tiles(p), mla::mla_splitkv_smem_bytes(), stream, true, "mla_attention_fused_kernel", args);
 }
 
 }  // namespace encore::ops

@@ -1,14 +1,18 @@
 // Split-KV attention (spec §8): the tile's configuration and shared-memory plan, and how it moves
-// the cache: the query rows and 64-token pages are copied by 16-byte cp.async into the 128-byte
-// swizzled layout of common/wgmma.cuh (9 column blocks of 64 values); rows beyond the sequence
-// length are zero-filled, never loaded. Used by the split-KV body (mla_splitkv_tile.cuh) and the
-// fused combine (mla_fused_combine.cuh).
+// the cache: 64-token pages arrive by TMA tiled copies (9 boxes of 64 tokens x 64 values through a
+// tensor map of the page pool) in the 128-byte swizzled layout of common/wgmma.cuh, completing on
+// one mbarrier per stage; rows beyond the sequence length are zeroed once the page has landed.
+// The query rows come by 16-byte cp.async. Used by the split-KV body (mla_splitkv_tile.cuh) and
+// the fused combine (mla_fused_combine.cuh).
 #pragma once
 
 #include <cstdint>
 
+#include <cuda.h>
+
 #include <encore/ops/mla.h>
 
+#include "common/async_copy.cuh"
 #include "common/launch.cuh"
 #include "common/wgmma.cuh"
 #include "mla/mla_device.cuh"
@@ -35,10 +39,18 @@ static_assert(SplitKvConfig::kWarpgroups == 2 && SplitKvConfig::kKStepsPerGroup 
 static_assert(SplitKvConfig::kRows * SplitKvConfig::kOutStride * 4 <= SplitKvConfig::kPageBytes,
               "O is staged in a page stage");
 
-// How the tile moves pages and which phases it runs. kCpAsync is the op; the others exist for the
+// The split-KV kernel's parameters: the op's, and the page pool as a TMA tensor map
+// ([num_pages * 64 tokens][576] bf16, boxes of 64 tokens x 64 values), encoded per launch.
+struct SplitKvArgs {
+  MlaAttentionParams p;
+  CUtensorMap pages;
+};
+Status splitkv_args(const MlaAttentionParams& p, SplitKvArgs* args);  // (mla_splitkv.cu)
+
+// How the tile moves pages and which phases it runs. kOp is the op; the others exist for the
 // benchmark's account of the time (loads without the math; the math without loads after the
 // first stages, on stale data).
-enum class SplitKvVariant { kCpAsync, kLoadsOnly, kComputeOnly };
+enum class SplitKvVariant { kOp, kLoadsOnly, kComputeOnly };
 
 struct SplitKvSmem {
   char* page;             // [kStages][kColBlocks][64 tokens x 128 B], swizzled
@@ -48,6 +60,7 @@ struct SplitKvSmem {
   float* row_max;         // [32] running max, log2 domain
   float* row_sum;         // [32] running sum of p (fp32)
   float* row_alpha;       // [32] rescale factor of the current page
+  std::uint64_t* page_full;  // [kStages] mbarriers: one phase per page copied into the stage
 
   // The swizzled tiles need 1024-byte aligned addresses: the device aligns the base at run time,
   // the host (sizing only) counts the worst-case pad.
@@ -66,6 +79,7 @@ struct SplitKvSmem {
     row_max = a.take<float>(SplitKvConfig::kRows);
     row_sum = a.take<float>(SplitKvConfig::kRows);
     row_alpha = a.take<float>(SplitKvConfig::kRows);
+    page_full = a.take<std::uint64_t>(SplitKvConfig::kStages, 8);
     bytes = pad + a.used();
   }
   std::size_t bytes;
@@ -78,13 +92,12 @@ __host__ __device__ inline int head_groups(int num_heads) { return (num_heads + 
 namespace detail_splitkv {
 
 using Cfg = SplitKvConfig;
+namespace dev = encore::device;
 
-// Copy placement: thread t moves 16-byte chunk t % 8 of rows t / 8 (+ 32) of every column block,
-// so its shared and global offsets are the same for every page and block up to constants.
-static_assert(kBlockThreads == 8 * 32, "8 chunks x 32 rows per column block and pass");
+// Query copy placement: thread t moves 16-byte chunk t % 8 of head row t / 8 of every column block.
+static_assert(kBlockThreads == 8 * Cfg::kRows, "8 chunks x 32 rows per column block");
 __device__ __forceinline__ int copy_row() { return threadIdx.x / 8; }
 __device__ __forceinline__ int copy_smem_offset() { return encore::device::swizzled_offset(copy_row(), threadIdx.x % 8); }
-__device__ __forceinline__ int copy_elem_offset() { return copy_row() * kMlaRowDim + (threadIdx.x % 8) * 8; }
 
 // The tile's 32 query rows of request `req` -> q (swizzled); heads beyond num_heads are zero.
 __device__ __forceinline__ void load_q(const MlaAttentionParams& p, int req, int group, char* q) {
@@ -101,23 +114,77 @@ __device__ __forceinline__ std::int32_t page_id_of(const MlaAttentionParams& p, 
   return p.cache.block_table[std::int64_t(req) * p.cache.block_table_stride + page_idx];
 }
 
-// Page `page_id` -> one stage (swizzled); token rows >= valid_tokens are zero-filled. A page id
-// outside the pool is never read: the stage is zero-filled and the step is flagged. Called by all
-// threads.
-__device__ __forceinline__ void load_page(const MlaAttentionParams& p, std::int32_t page_id, int valid_tokens, char* stage) {
-  if (page_id < 0 || page_id >= p.cache.num_pages) {
-    if (threadIdx.x == 0) atomicOr(p.error_flag, kMlaErrorPageId);
-    valid_tokens = 0;
-    page_id = 0;
-  }
-  const __nv_bfloat16* src = p.cache.pages + std::int64_t(page_id) * kMlaPageTokens * kMlaRowDim + copy_elem_offset();
-  char* dst = stage + copy_smem_offset();
-  const int lo_bytes = copy_row() < valid_tokens ? 16 : 0, hi_bytes = copy_row() + 32 < valid_tokens ? 16 : 0;
+// The page stages as every thread of the block tracks them (each thread takes the same decisions,
+// thread 0 issues the copies): per stage, the parity of its barrier's next phase, whether a copy
+// is in flight, and how many of the page's token rows are real.
+struct PageStages {
+  const CUtensorMap* map;  // the __grid_constant__ SplitKvArgs::pages
+  std::uint64_t* full;     // SplitKvSmem::page_full
+  std::uint32_t parity = 0, in_flight = 0;
+  std::uint32_t kept_rows = 0;  // 8 bits per stage
+  __device__ int rows(int s) const { return (kept_rows >> (8 * s)) & 0xff; }
+};
+
+// Before the first tile: thread 0 initialises the barriers (and warms the tensor map); the block
+// barrier publishes them.
+__device__ inline PageStages page_stages_init(const CUtensorMap* map, char* smem_base) {
+  PageStages st;
+  st.map = map;
+  st.full = SplitKvSmem(smem_base).page_full;
+  if (threadIdx.x == 0) {
 #pragma unroll
-  for (int b = 0; b < Cfg::kColBlocks; ++b) {
-    device::cp_async_16(dst + b * Cfg::kColBlockBytes, src + b * Cfg::kBlockCols, lo_bytes);
-    device::cp_async_16(dst + b * Cfg::kColBlockBytes + 32 * 128, src + 32 * kMlaRowDim + b * Cfg::kBlockCols, hi_bytes);
+    for (int s = 0; s < Cfg::kStages; ++s) dev::barrier_init(st.full + s, 1);
+    dev::fence_barrier_init();
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
   }
+  __syncthreads();
+  return st;
+}
+
+// Page `page_id` -> stage s (`stage` its memory); rows >= valid_tokens are zeroed when it lands
+// (wait_page). A page id outside the pool is never read: nothing is copied, the stage is zeroed
+// and the step is flagged. Called by all threads with the same arguments.
+__device__ inline void issue_page(const MlaAttentionParams& p, PageStages& st, int s, std::int32_t page_id, int valid_tokens,
+                                  char* stage) {
+  const bool in_pool = page_id >= 0 && page_id < p.cache.num_pages;
+  if (threadIdx.x == 0) {
+    if (!in_pool) {
+      atomicOr(p.error_flag, kMlaErrorPageId);
+      dev::barrier_arrive_expect(st.full + s, 0);
+    } else {
+      dev::barrier_arrive_expect(st.full + s, Cfg::kPageBytes);
+#pragma unroll
+      for (int b = 0; b < Cfg::kColBlocks; ++b)
+        dev::tma_load_2d(stage + b * Cfg::kColBlockBytes, st.map, b * Cfg::kBlockCols, page_id * kMlaPageTokens, st.full + s);
+    }
+  }
+  st.in_flight |= 1u << s;
+  st.kept_rows = (st.kept_rows & ~(0xffu << (8 * s))) | (std::uint32_t(in_pool ? valid_tokens : 0) << (8 * s));
+}
+
+// Waits for stage s's page, if one is in flight, and zeroes its rows past the sequence (whole
+// 128-byte rows: the swizzle only permutes chunks within a row). All threads.
+__device__ inline void wait_page(PageStages& st, int s, char* stage) {
+  if (!((st.in_flight >> s) & 1)) return;
+  dev::barrier_wait(st.full + s, (st.parity >> s) & 1);
+  st.parity ^= 1u << s;
+  st.in_flight &= ~(1u << s);
+  const int kept = st.rows(s);
+  if (kept < kMlaPageTokens) {
+    const int chunks_per_block = (kMlaPageTokens - kept) * 8;
+    for (int c = threadIdx.x; c < Cfg::kColBlocks * chunks_per_block; c += kBlockThreads) {
+      const int b = c / chunks_per_block, r = c % chunks_per_block;
+      *reinterpret_cast<uint4*>(stage + b * Cfg::kColBlockBytes + kept * 128 + r * 16) = make_uint4(0, 0, 0, 0);
+    }
+    dev::fence_proxy_async();  // the zeros, visible to the tensor cores' reads
+    __syncthreads();
+  }
+}
+
+// Every copy in flight has landed (before the stages are reused for something else).
+__device__ inline void drain_pages(PageStages& st, char* stages) {
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages; ++s) wait_page(st, s, stages + s * Cfg::kPageBytes);
 }
 
 // The pages of request `req` that a part computes: page_begin .. page_begin + num_pages - 1 of the
@@ -145,14 +212,14 @@ __device__ inline RequestPages request_pages(const MlaAttentionParams& p, const 
 }
 
 // Plan settled (MlaAttentionParams::plan_settled), before griddepcontrol.wait: starts the copies
-// of the part's first pages but the newest (left uncommitted: they join the first request's first
-// copy group). Returns the first request's pages for splitkv_part.
-__device__ inline RequestPages start_settled_pages(const MlaAttentionParams& p, const std::int32_t* meta, char* smem_base) {
+// of the part's first pages but the newest. Returns the first request's pages for splitkv_part.
+__device__ inline RequestPages start_settled_pages(const MlaAttentionParams& p, const std::int32_t* meta, char* smem_base,
+                                                   PageStages& st) {
   const RequestPages r = request_pages(p, meta, meta[kMetaBeginReq]);
   char* stages = SplitKvSmem(smem_base).page;
 #pragma unroll
   for (int s = 0; s < Cfg::kStages; ++s)
-    if (s < r.num_pages && !r.newest(s)) load_page(p, r.first_ids[s], r.valid_tokens(s), stages + s * Cfg::kPageBytes);
+    if (s < r.num_pages && !r.newest(s)) issue_page(p, st, s, r.first_ids[s], r.valid_tokens(s), stages + s * Cfg::kPageBytes);
   return r;
 }
 

@@ -2,7 +2,7 @@
 // Per 64-token page: S = Q K^T and O += P V on the warpgroup tensor cores (wgmma, bf16 in, fp32
 // accumulate, every operand read from shared memory), online softmax in base 2, P rounded to bf16.
 // One page in shared memory serves K (576 columns) and V (its first 512 columns). Pages stream
-// through a 2-stage pipeline (copies and layout: mla_splitkv_layout.cuh); split requests are
+// through a 2-stage TMA pipeline (copies and layout: mla_splitkv_layout.cuh); split requests are
 // merged by mla_combine or, fused, by mla_fused_combine.cuh. (The mma.sync version of this body
 // measured 2.1 us of math per page on the H200; one bulk copy per row, L2 prefetches of the next
 // pages and a ring of 21 column-block slots were slower and were dropped.)
@@ -34,7 +34,7 @@ namespace encore::ops::mla {
 // `started`: the first request's pages, whose copies start_settled_pages() began (when early).
 template <SplitKvVariant kVariant, bool kFusedCombine>
 __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, const std::int32_t* meta, char* smem_base,
-                                    bool early_start, detail_splitkv::RequestPages started) {
+                                    detail_splitkv::PageStages& st, bool early_start, detail_splitkv::RequestPages started) {
   using Cfg = SplitKvConfig;
   using namespace detail_splitkv;
   namespace dev = encore::device;
@@ -61,17 +61,16 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
     const int split_base = p.num_splits[req];
     const bool is_split = p.num_splits[req + 1] - split_base > 1;
 
-    __syncthreads();  // previous request's readers of q / stats / staged O are done
+    dev::fence_proxy_async();  // the staged O and merges (generic writes) before the next copies
+    __syncthreads();           // previous request's readers of q / stats / staged O are done
     if (threadIdx.x < Cfg::kRows) {
       sm.row_max[threadIdx.x] = -INFINITY;
       sm.row_sum[threadIdx.x] = 0.f;
     }
-    load_q(p, req, group, sm.q);  // lands with the first stage's group (as do pages started early)
-    for (int s = 0; s < Cfg::kStages; ++s) {
-      // (early: start_settled_pages already copies every first page but the newest)
-      if (s < num_pages && (!early || r.newest(s))) load_page(p, r.first_ids[s], r.valid_tokens(s), sm.page + s * Cfg::kPageBytes);
-      device::cp_async_commit();
-    }
+    load_q(p, req, group, sm.q);  // awaited at the first page
+    device::cp_async_commit();
+    for (int s = 0; s < Cfg::kStages; ++s)  // (early: start_settled_pages already copies every first page but the newest)
+      if (s < num_pages && (!early || r.newest(s))) issue_page(p, st, s, r.first_ids[s], r.valid_tokens(s), sm.page + s * Cfg::kPageBytes);
 
     float acc[Cfg::kOutBlocksPerGroup][16];  // O^T: [m64 column block][fragment]
 #pragma unroll
@@ -84,9 +83,12 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
       const int valid_tokens = min(token_end - pg * kMlaPageTokens, kMlaPageTokens);
       const int stage = i % Cfg::kStages;
       const std::int32_t next_id = i + Cfg::kStages < num_pages ? page_id_of(p, req, pg + Cfg::kStages) : 0;
-      device::cp_async_wait<Cfg::kStages - 1>();
-      dev::fence_proxy_async();  // this thread's copies, visible to the tensor cores' reads
-      __syncthreads();
+      wait_page(st, stage, sm.page + stage * Cfg::kPageBytes);
+      if (i == 0) {
+        device::cp_async_wait<0>();
+        dev::fence_proxy_async();  // this thread's query copies, visible to the tensor cores' reads
+        __syncthreads();
+      }
       const std::uint32_t stage_off = stage * Cfg::kPageBytes;
 
       // ---- scores S^T = K Q^T: 64 tokens x 32 heads per warpgroup over its k half
@@ -183,11 +185,11 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
 
       if (i + Cfg::kStages < num_pages && kVariant != SplitKvVariant::kComputeOnly) {
         const int next = pg + Cfg::kStages;
-        load_page(p, next_id, min(token_end - next * kMlaPageTokens, kMlaPageTokens), sm.page + stage * Cfg::kPageBytes);
+        issue_page(p, st, stage, next_id, min(token_end - next * kMlaPageTokens, kMlaPageTokens), sm.page + stage * Cfg::kPageBytes);
       }
-      device::cp_async_commit();
     }
-    device::cp_async_wait<0>();  // no copy outlives the request
+    device::cp_async_wait<0>();  // (a request without pages never waited for its query)
+    drain_pages(st, sm.page);    // (compute-only: the first stages' copies, if never awaited)
     __syncthreads();
 
     // ---- epilogue: O / l and the LSE (natural log) of each row, final or partial slot. O goes
@@ -240,8 +242,8 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
 // fused_combine; needs p.counters and all tiles co-resident, which the launcher guarantees).
 // The kernel waits for upstream before the tile unless p.plan_settled; then the tile waits itself,
 // after starting its settled first pages.
-template <SplitKvVariant kVariant = SplitKvVariant::kCpAsync, bool kFusedCombine = false>
-__device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, char* smem_base) {
+template <SplitKvVariant kVariant = SplitKvVariant::kOp, bool kFusedCombine = false>
+__device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, char* smem_base, detail_splitkv::PageStages& st) {
   using namespace detail_splitkv;
   const int groups = head_groups(p.num_heads);
   const int part = tile / groups, group = tile % groups;
@@ -250,14 +252,14 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
   if (begin_req < 0) return;
   RequestPages started{};
   if (p.plan_settled) {
-    started = start_settled_pages(p, meta, smem_base);
+    started = start_settled_pages(p, meta, smem_base, st);
     encore::device::wait_for_upstream();
   }
   // Read once, block-uniform: split-KV itself may OR in kMlaErrorPageId while other tiles run (or
   // this tile's thread 0 just did, in start_settled_pages), and the fused tiles must all keep the
   // counter protocol whatever they see.
   const bool flagged = __syncthreads_or(device::step_flagged(p.error_flag));
-  if (flagged && p.plan_settled) device::cp_async_wait<0>();  // no copy lands in reused or freed memory
+  if (flagged && p.plan_settled) drain_pages(st, SplitKvSmem(smem_base).page);  // no copy lands in reused or freed memory
   if (flagged && !kFusedCombine) return;
   const int end_req = meta[kMetaEndReq];
   const bool first_split = meta[kMetaFirstIsSplit] != 0;
@@ -276,7 +278,7 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
       else fused_arrive(fused_counter(p, end_req, group));
     }
   } else {
-    splitkv_part<kVariant, kFusedCombine>(p, group, meta, smem_base, p.plan_settled, started);
+    splitkv_part<kVariant, kFusedCombine>(p, group, meta, smem_base, st, p.plan_settled, started);
   }
   if constexpr (kFusedCombine) {
     // All arrivals of this tile precede its waits, so no tile waits on one that waits on it.

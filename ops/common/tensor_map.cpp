@@ -1,0 +1,46 @@
+#include "common/tensor_map.h"
+
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include "common/cuda_check.h"
+
+namespace encore::detail {
+
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* sym = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &sym, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      sym = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(sym);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+Status encode_tensor_map_2d_b16(CUtensorMap* map, const void* base, std::uint64_t cols, std::uint64_t rows,
+                                std::uint64_t row_stride_bytes, std::uint32_t box_cols, std::uint32_t box_rows,
+                                const char* what) {
+  ENCORE_REQUIRE(box_cols * 2 == 128, StatusCode::kInvalidArgument, what, ": a 128-byte swizzled box is 64 values wide");
+  ENCORE_RETURN_IF_ERROR(check_pointer(base, 16, what));
+  ENCORE_REQUIRE(row_stride_bytes % 16 == 0 && rows >= 1 && rows < (std::uint64_t(1) << 32), StatusCode::kInvalidArgument,
+                 what, ": rows must be in [1, 2^32) and 16-byte aligned");
+  const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
+  ENCORE_REQUIRE(fn != nullptr, StatusCode::kUnsupported, what, ": the driver offers no cuTensorMapEncodeTiled");
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {row_stride_bytes};
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, element_strides,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  ENCORE_REQUIRE(r == CUDA_SUCCESS, StatusCode::kInvalidArgument, what, ": cuTensorMapEncodeTiled failed (CUresult ", int(r), ")");
+  return {};
+}
+
+}  // namespace encore::detail

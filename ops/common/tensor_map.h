@@ -1,0 +1,21 @@
+// Host side of the TMA engine's tiled copies: a tensor map describes a global tensor and the box
+// one `cp.async.bulk.tensor` copies (common/async_copy.cuh). Encoded through the driver entry
+// point the runtime hands out, so the library links no libcuda.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda.h>
+
+#include <encore/status.h>
+
+namespace encore::detail {
+
+// A row-major [rows][cols] tensor of 2-byte elements (rows `row_stride_bytes` apart, a multiple
+// of 16; base 16-byte aligned), copied in boxes of box_rows x box_cols landing in the 128-byte
+// swizzled layout of common/wgmma.cuh (box_cols * 2 == 128).
+Status encode_tensor_map_2d_b16(CUtensorMap* map, const void* base, std::uint64_t cols, std::uint64_t rows,
+                                std::uint64_t row_stride_bytes, std::uint32_t box_cols, std::uint32_t box_rows,
+                                const char* what);
+
+}  // namespace encore::detail
