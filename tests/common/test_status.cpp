@@ -1,6 +1,7 @@
 #include <encore/status.h>
 
 #include "common/cuda_check.h"
+#include "common/tensor_map.h"
 #include "test_util.h"
 
 namespace encore {
@@ -31,6 +32,17 @@ TEST(Checks, Overlap) {
   static char buf[64];
   EXPECT_EQ(detail::check_no_overlap(buf, 32, "a", buf + 16, 32, "b").code(), StatusCode::kOverlap);
   EXPECT_TRUE(detail::check_no_overlap(buf, 32, "a", buf + 32, 32, "b").ok());
+}
+
+// The tensor-map helper checks the layout itself before it asks the driver (CPU: no driver call).
+TEST(Checks, TensorMapRejectsBadLayouts) {
+  alignas(16) static char buf[4096];
+  CUtensorMap map;
+  EXPECT_EQ(detail::encode_tensor_map_2d_b16(&map, nullptr, 576, 64, 1152, 64, 64, "t").code(), StatusCode::kNullPointer);
+  EXPECT_EQ(detail::encode_tensor_map_2d_b16(&map, buf + 8, 576, 64, 1152, 64, 64, "t").code(), StatusCode::kMisaligned);
+  EXPECT_EQ(detail::encode_tensor_map_2d_b16(&map, buf, 576, 64, 1160, 64, 64, "t").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(detail::encode_tensor_map_2d_b16(&map, buf, 576, 0, 1152, 64, 64, "t").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(detail::encode_tensor_map_2d_b16(&map, buf, 576, 64, 1152, 32, 64, "t").code(), StatusCode::kInvalidArgument);
 }
 
 TEST(Checks, InvalidatedCaptureIsAFailedStream) {
