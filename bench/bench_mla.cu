@@ -5,16 +5,16 @@
 // kernels, split-KV alone (the combine's share is the difference), and the scheduler alone (run
 // once per step, shared by the 7 MLA layers); at 128 x 8K also the account of the split-KV time.
 //
-// Measured 2026-12-03 on one H200 (132 SMs, measured read 4425 GB/s; bench/RESULTS.md, thirteenth
-// session, run 9), us per call (median):
+// Measured 2026-12-03 on one H200 (132 SMs, measured read 4394 GB/s; bench/RESULTS.md, fourteenth
+// session, run 15; pages by TMA), us per call (median; scheduler from run 9 of the thirteenth):
 //   B x S      fused  %read  2 kernels  split-KV only  scheduler  FlashMLA sm90
-//   1 x 4K     13.40   8.0     12.95         8.56         2.32        23.6
-//   1 x 32K    23.49  36.3     24.35        17.80         2.64        45.0
-//   1 x 128K   52.32  65.2     53.68        46.56         2.62        75.7
-//   64 x 4K    97.81  69.8    101.41        87.18         3.14        97
-//   128 x 8K  317.05  86.1    335.30       320.27         3.37       319
-// Split-KV alone at 128 x 8K moves between 293 and 320 us across H200s (fused 295-317 us). Account
-// of the split-KV time at 128 x 8K: loads alone 288.2 us (94.7% of read), math alone 225.1 us.
+//   1 x 4K     14.11   7.6     13.70         8.81         2.32        23.6
+//   1 x 32K    24.14  35.6     24.79        18.06         2.64        45.0
+//   1 x 128K   53.25  64.5     54.03        47.09         2.62        75.7
+//   64 x 4K    98.46  69.8    101.26        86.27         3.14        97
+//   128 x 8K  305.23  90.1    323.67       300.37         3.37       319
+// The fused 128 x 8K ran 299.6-307.8 us (89.2-90.1% of read) on the four H200s of that session.
+// Account of the split-KV time at 128 x 8K: loads alone 288.6 us (95.2% of read), math alone 229.8 us.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
