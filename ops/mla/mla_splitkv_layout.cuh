@@ -1,9 +1,8 @@
-// Split-KV attention (spec §8): the tile's configuration and shared-memory plan, and how it moves
-// the cache: 64-token pages arrive by TMA tiled copies (9 boxes of 64 tokens x 64 values through a
-// tensor map of the page pool) in the 128-byte swizzled layout of common/wgmma.cuh, completing on
-// one mbarrier per stage; rows beyond the sequence length are zeroed once the page has landed.
-// The query rows come by 16-byte cp.async. Used by the split-KV body (mla_splitkv_tile.cuh) and
-// the fused combine (mla_fused_combine.cuh).
+// Split-KV attention (spec §8): the tile's configuration, kernel parameters and shared-memory
+// plan, the query copy (16-byte cp.async into the 128-byte swizzled layout of common/wgmma.cuh)
+// and which pages of a request a part computes. The pages themselves move through
+// mla_page_stages.cuh. Used by the split-KV body (mla_splitkv_tile.cuh) and the fused combine
+// (mla_fused_combine.cuh).
 #pragma once
 
 #include <cstdint>
@@ -12,7 +11,6 @@
 
 #include <encore/ops/mla.h>
 
-#include "common/async_copy.cuh"
 #include "common/launch.cuh"
 #include "common/wgmma.cuh"
 #include "mla/mla_device.cuh"
@@ -92,7 +90,6 @@ __host__ __device__ inline int head_groups(int num_heads) { return (num_heads + 
 namespace detail_splitkv {
 
 using Cfg = SplitKvConfig;
-namespace dev = encore::device;
 
 // Query copy placement: thread t moves 16-byte chunk t % 8 of head row t / 8 of every column block.
 static_assert(kBlockThreads == 8 * Cfg::kRows, "8 chunks x 32 rows per column block");
@@ -112,79 +109,6 @@ __device__ __forceinline__ void load_q(const MlaAttentionParams& p, int req, int
 // Page id of (request, page); read one iteration ahead so its latency hides behind compute.
 __device__ __forceinline__ std::int32_t page_id_of(const MlaAttentionParams& p, int req, int page_idx) {
   return p.cache.block_table[std::int64_t(req) * p.cache.block_table_stride + page_idx];
-}
-
-// The page stages as every thread of the block tracks them (each thread takes the same decisions,
-// thread 0 issues the copies): per stage, the parity of its barrier's next phase, whether a copy
-// is in flight, and how many of the page's token rows are real.
-struct PageStages {
-  const CUtensorMap* map;  // the __grid_constant__ SplitKvArgs::pages
-  std::uint64_t* full;     // SplitKvSmem::page_full
-  std::uint32_t parity = 0, in_flight = 0;
-  std::uint32_t kept_rows = 0;  // 8 bits per stage
-  __device__ int rows(int s) const { return (kept_rows >> (8 * s)) & 0xff; }
-};
-
-// Before the first tile: thread 0 initialises the barriers (and warms the tensor map); the block
-// barrier publishes them.
-__device__ inline PageStages page_stages_init(const CUtensorMap* map, char* smem_base) {
-  PageStages st;
-  st.map = map;
-  st.full = SplitKvSmem(smem_base).page_full;
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < Cfg::kStages; ++s) dev::barrier_init(st.full + s, 1);
-    dev::fence_barrier_init();
-    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
-  }
-  __syncthreads();
-  return st;
-}
-
-// Page `page_id` -> stage s (`stage` its memory); rows >= valid_tokens are zeroed when it lands
-// (wait_page). A page id outside the pool is never read: nothing is copied, the stage is zeroed
-// and the step is flagged. Called by all threads with the same arguments.
-__device__ inline void issue_page(const MlaAttentionParams& p, PageStages& st, int s, std::int32_t page_id, int valid_tokens,
-                                  char* stage) {
-  const bool in_pool = page_id >= 0 && page_id < p.cache.num_pages;
-  if (threadIdx.x == 0) {
-    if (!in_pool) {
-      atomicOr(p.error_flag, kMlaErrorPageId);
-      dev::barrier_arrive_expect(st.full + s, 0);
-    } else {
-      dev::barrier_arrive_expect(st.full + s, Cfg::kPageBytes);
-#pragma unroll
-      for (int b = 0; b < Cfg::kColBlocks; ++b)
-        dev::tma_load_2d(stage + b * Cfg::kColBlockBytes, st.map, b * Cfg::kBlockCols, page_id * kMlaPageTokens, st.full + s);
-    }
-  }
-  st.in_flight |= 1u << s;
-  st.kept_rows = (st.kept_rows & ~(0xffu << (8 * s))) | (std::uint32_t(in_pool ? valid_tokens : 0) << (8 * s));
-}
-
-// Waits for stage s's page, if one is in flight, and zeroes its rows past the sequence (whole
-// 128-byte rows: the swizzle only permutes chunks within a row). All threads.
-__device__ inline void wait_page(PageStages& st, int s, char* stage) {
-  if (!((st.in_flight >> s) & 1)) return;
-  dev::barrier_wait(st.full + s, (st.parity >> s) & 1);
-  st.parity ^= 1u << s;
-  st.in_flight &= ~(1u << s);
-  const int kept = st.rows(s);
-  if (kept < kMlaPageTokens) {
-    const int chunks_per_block = (kMlaPageTokens - kept) * 8;
-    for (int c = threadIdx.x; c < Cfg::kColBlocks * chunks_per_block; c += kBlockThreads) {
-      const int b = c / chunks_per_block, r = c % chunks_per_block;
-      *reinterpret_cast<uint4*>(stage + b * Cfg::kColBlockBytes + kept * 128 + r * 16) = make_uint4(0, 0, 0, 0);
-    }
-    dev::fence_proxy_async();  // the zeros, visible to the tensor cores' reads
-    __syncthreads();
-  }
-}
-
-// Every copy in flight has landed (before the stages are reused for something else).
-__device__ inline void drain_pages(PageStages& st, char* stages) {
-#pragma unroll
-  for (int s = 0; s < Cfg::kStages; ++s) wait_page(st, s, stages + s * Cfg::kPageBytes);
 }
 
 // The pages of request `req` that a part computes: page_begin .. page_begin + num_pages - 1 of the
@@ -208,18 +132,6 @@ __device__ inline RequestPages request_pages(const MlaAttentionParams& p, const 
   // Pages that hold at least one token (a zero-length request has none).
   r.token_end = min(r.len, page_end_plan * kMlaPageTokens);
   r.num_pages = max((r.token_end + kMlaPageTokens - 1) / kMlaPageTokens - r.page_begin, 0);
-  return r;
-}
-
-// Plan settled (MlaAttentionParams::plan_settled), before griddepcontrol.wait: starts the copies
-// of the part's first pages but the newest. Returns the first request's pages for splitkv_part.
-__device__ inline RequestPages start_settled_pages(const MlaAttentionParams& p, const std::int32_t* meta, char* smem_base,
-                                                   PageStages& st) {
-  const RequestPages r = request_pages(p, meta, meta[kMetaBeginReq]);
-  char* stages = SplitKvSmem(smem_base).page;
-#pragma unroll
-  for (int s = 0; s < Cfg::kStages; ++s)
-    if (s < r.num_pages && !r.newest(s)) issue_page(p, st, s, r.first_ids[s], r.valid_tokens(s), stages + s * Cfg::kPageBytes);
   return r;
 }
 

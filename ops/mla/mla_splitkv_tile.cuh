@@ -2,10 +2,10 @@
 // Per 64-token page: S = Q K^T and O += P V on the warpgroup tensor cores (wgmma, bf16 in, fp32
 // accumulate, every operand read from shared memory), online softmax in base 2, P rounded to bf16.
 // One page in shared memory serves K (576 columns) and V (its first 512 columns). Pages stream
-// through a 2-stage TMA pipeline (copies and layout: mla_splitkv_layout.cuh); split requests are
-// merged by mla_combine or, fused, by mla_fused_combine.cuh. (The mma.sync version of this body
-// measured 2.1 us of math per page on the H200; one bulk copy per row, L2 prefetches of the next
-// pages and a ring of 21 column-block slots were slower and were dropped.)
+// through a 2-stage TMA pipeline (mla_page_stages.cuh; layout: mla_splitkv_layout.cuh); split
+// requests are merged by mla_combine or, fused, by mla_fused_combine.cuh. (The mma.sync version
+// of this body measured 2.1 us of math per page on the H200; one bulk copy per row, L2 prefetches
+// of the next pages and a ring of 21 column-block slots were slower and were dropped.)
 //
 // Warpgroup roles (2 warpgroups, 256 threads):
 //   scores:  S^T = K Q^T (M = 64 tokens, N = 32 heads); warpgroup g takes the k16 steps 2 s + g
@@ -24,6 +24,7 @@
 #include "common/wgmma.cuh"
 #include "mla/mla_device.cuh"
 #include "mla/mla_fused_combine.cuh"
+#include "mla/mla_page_stages.cuh"
 #include "mla/mla_plan.h"
 #include "mla/mla_splitkv_layout.cuh"
 
