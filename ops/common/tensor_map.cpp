@@ -14,8 +14,10 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
     void* sym = nullptr;
     cudaDriverEntryPointQueryResult found{};
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &sym, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
+        found != cudaDriverEntryPointSuccess) {
       sym = nullptr;
+      (void)cudaGetLastError();  // reported through the Status; leave no error for the next launch check
+    }
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(sym);
   }();
   return fn;
