@@ -31,7 +31,8 @@ Status encode_tensor_map_2d_b16(CUtensorMap* map, const void* base, std::uint64_
   ENCORE_REQUIRE(box_cols * 2 == 128, StatusCode::kInvalidArgument, what, ": a 128-byte swizzled box is 64 values wide");
   ENCORE_RETURN_IF_ERROR(check_pointer(base, 16, what));
   ENCORE_REQUIRE(row_stride_bytes % 16 == 0 && rows >= 1 && rows < (std::uint64_t(1) << 32), StatusCode::kInvalidArgument,
-                 what, ": rows must be in [1, 2^32) and 16-byte aligned");
+                 what, ": the row count must be in [1, 2^32) and the row stride a multiple of 16 bytes (got ", rows, " rows, stride ",
+                 row_stride_bytes, ")");
   const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
   ENCORE_REQUIRE(fn != nullptr, StatusCode::kUnsupported, what, ": the driver offers no cuTensorMapEncodeTiled");
   const cuuint64_t dims[2] = {cols, rows};
