@@ -6,6 +6,9 @@
 //   BM_KdaFusedChecked   the op with error_flag: slot-check kernel + the op
 //   BM_KdaUnfused        conv kernel -> gates + recurrence kernel -> gated-norm kernel, same math
 //   BM_KdaFusedSettled   the op with state_settled (states loaded before the PDL wait, as in a decode step)
+//   BM_KdaProbe*         the op's state traffic without its math (ceilings of the memory pattern):
+//                        Registers(3) = the op's tile shape at 2 (3) blocks per SM, Stream = row by row,
+//                        Split4 = a quarter head per tile (4x the tiles), Flat = no tiles (grid-stride)
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -235,12 +238,110 @@ __global__ void unfused_norm_kernel(ops::KdaParams p, const float* o_ws, const f
                                                    o.z * inv * w.z * g.z, o.w * inv * w.w * g.w);
 }
 
+// ---- memory-pattern probes (bench-only ceilings) -------------------------------------------------
+
+// The op's memory traffic with no math: per tile, the slot id, the tile's state rows into
+// registers (16 rows per warp, as the op), the conv history of its channels, then every value
+// written back in place. Split = 1: a tile is a (row, head), at the op's residency (2 blocks per
+// SM) or at 3; Split = 4: a quarter of a head's V rows and channels per tile (4 rows per warp, the
+// spec's batch-1 decomposition), 4x the tiles.
+template <int MinBlocks, int Split>
+__global__ void __launch_bounds__(kBlockThreads, MinBlocks) state_touch_kernel(ops::KdaParams p) {
+  constexpr int D = kHeadDim, E = 4, R = D / Split / kWarpsPerBlock, kChannels = 3 * D / Split;
+  const int part = blockIdx.x % Split, item = blockIdx.x / Split;
+  const int row = item / kHeads, head = item % kHeads, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const std::int64_t P = std::int64_t(kHeads) * D, C = 3 * P;
+  const int slot = p.slot_ids[row];
+  float* state = p.recurrent_state + (std::int64_t(slot) * kHeads + head) * D * D + part * (D / Split) * D;
+  device::kda::LaneVec<E> s[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) device::kda::load_stream(state + (warp * R + r) * D + lane * E, s[r]);
+  float* hist = p.conv_state + std::int64_t(slot) * 3 * C;
+  constexpr int kPerThread = (kChannels + kBlockThreads - 1) / kBlockThreads;
+  float h[3][kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int c = part * kChannels + threadIdx.x + i * kBlockThreads;
+    const std::int64_t ch = (c / D) * P + std::int64_t(head) * D + c % D;
+    if (threadIdx.x + i * kBlockThreads < kChannels) h[0][i] = hist[ch], h[1][i] = hist[C + ch], h[2][i] = hist[2 * C + ch];
+  }
+  device::wait_for_upstream();
+  device::allow_downstream();
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) s[r].v[e] *= 0.999f;
+    device::kda::store_stream(state + (warp * R + r) * D + lane * E, s[r]);
+  }
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int c = part * kChannels + threadIdx.x + i * kBlockThreads;
+    const std::int64_t ch = (c / D) * P + std::int64_t(head) * D + c % D;
+    if (threadIdx.x + i * kBlockThreads < kChannels) hist[ch] = h[1][i], hist[C + ch] = h[2][i], hist[2 * C + ch] = h[0][i];
+  }
+}
+
+// The same bytes streamed row by row: each warp loads one state row and writes it back before the
+// next (a copy-like pattern, many small tiles per SM).
+__global__ void __launch_bounds__(kBlockThreads) state_stream_kernel(ops::KdaParams p) {
+  constexpr int D = kHeadDim, R = D / kWarpsPerBlock;
+  const int row = blockIdx.x / kHeads, head = blockIdx.x % kHeads, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const std::int64_t P = std::int64_t(kHeads) * D, C = 3 * P;
+  device::wait_for_upstream();
+  device::allow_downstream();
+  const int slot = p.slot_ids[row];
+  float* state = p.recurrent_state + (std::int64_t(slot) * kHeads + head) * D * D;
+#pragma unroll 4
+  for (int r = 0; r < R; ++r) {
+    device::kda::LaneVec<4> v;
+    device::kda::load_stream(state + (warp * R + r) * D + lane * 4, v);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v.v[e] *= 0.999f;
+    device::kda::store_stream(state + (warp * R + r) * D + lane * 4, v);
+  }
+  float* hist = p.conv_state + std::int64_t(slot) * 3 * C;
+  for (int c = threadIdx.x; c < 3 * D; c += kBlockThreads) {
+    const std::int64_t ch = (c / D) * P + std::int64_t(head) * D + c % D;
+    const float h0 = hist[ch], h1 = hist[C + ch], h2 = hist[2 * C + ch];
+    hist[ch] = h1, hist[C + ch] = h2, hist[2 * C + ch] = h0;
+  }
+}
+
+// The same bytes with no tile structure: the call's slots are contiguous (slot table rows), so its
+// recurrent and conv states are two flat ranges, read and written in place by a grid-stride loop
+// with 4 independent float4s in flight per thread (the in-place analogue of the copy roof).
+__global__ void __launch_bounds__(kBlockThreads) state_flat_kernel(float4* rec, std::int64_t rec_n, float4* conv,
+                                                                     std::int64_t conv_n) {
+  device::wait_for_upstream();
+  device::allow_downstream();
+  const std::int64_t stride = std::int64_t(gridDim.x) * kBlockThreads;
+  auto touch = [&](float4* base, std::int64_t n) {
+    std::int64_t i = blockIdx.x * std::int64_t(kBlockThreads) + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+      float4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v[u] = __ldcs(base + i + u * stride);
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        __stcs(base + i + u * stride, make_float4(v[u].x * 0.999f, v[u].y * 0.999f, v[u].z * 0.999f, v[u].w * 0.999f));
+    }
+    for (; i < n; i += stride) {
+      const float4 v = __ldcs(base + i);
+      __stcs(base + i, make_float4(v.x * 0.999f, v.y * 0.999f, v.z * 0.999f, v.w * 0.999f));
+    }
+  };
+  touch(rec, rec_n);
+  touch(conv, conv_n);
+}
+
 template <class Kernel, class... Args>
 void launch_pdl(Kernel kernel, int grid, cudaStream_t stream, Args... args) {
   throw_if_error(detail::launch(kernel, grid, 0, stream, true, "unfused", args...));
 }
 
-void run(benchmark::State& state, int variant) {
+enum class Variant { kFused, kChecked, kUnfused, kSettled, kProbeRegisters, kProbeRegisters3, kProbeStream, kProbeSplit4, kProbeFlat };
+
+void run(benchmark::State& state, Variant variant) {
   KdaBenchSetup setup(int(state.range(0)));
   const int B = setup.batch;
   const std::int64_t P = std::int64_t(kHeads) * kHeadDim;
@@ -248,32 +349,60 @@ void run(benchmark::State& state, int variant) {
   auto enqueue = [&](int i, cudaStream_t stream) {
     ops::KdaParams p = setup.params;
     p.slot_ids = setup.slot_table + (i % setup.copies) * B;
-    if (variant != 1) p.error_flag = nullptr;
-    p.state_settled = variant == 3;  // call i's slots were last written by call i - copies (copies >= 2)
-    if (variant <= 1 || variant == 3) {
-      throw_if_error(ops::kda(p, stream));
-      return;
+    if (variant != Variant::kChecked) p.error_flag = nullptr;
+    // Call i's slots were last written by call i - copies (copies >= 2).
+    p.state_settled = variant == Variant::kSettled;
+    switch (variant) {
+      case Variant::kFused:
+      case Variant::kChecked:
+      case Variant::kSettled: return throw_if_error(ops::kda(p, stream));
+      case Variant::kUnfused: {
+        const int conv_blocks = int((B * 3 * P + kBlockThreads - 1) / kBlockThreads);
+        launch_pdl(unfused_conv_kernel, conv_blocks, stream, p, setup.qkv_ws);
+        launch_pdl(unfused_recurrence_kernel, B * kHeads, stream, p, static_cast<const float*>(setup.qkv_ws), o_ws,
+                   gate_ws);
+        return launch_pdl(unfused_norm_kernel, (B * kHeads + kWarpsPerBlock - 1) / kWarpsPerBlock, stream, p,
+                          static_cast<const float*>(o_ws), static_cast<const float*>(gate_ws));
+      }
+      // The op's shared memory (66 KiB) is what holds it at 2 blocks per SM; 100 KiB does that here.
+      case Variant::kProbeRegisters:
+        return throw_if_error(detail::launch(state_touch_kernel<2, 1>, B * kHeads, 100 << 10, stream, true, "probe", p));
+      case Variant::kProbeRegisters3: return launch_pdl(state_touch_kernel<3, 1>, B * kHeads, stream, p);
+      case Variant::kProbeSplit4: return launch_pdl(state_touch_kernel<3, 4>, 4 * B * kHeads, stream, p);
+      case Variant::kProbeStream: return launch_pdl(state_stream_kernel, B * kHeads, stream, p);
+      case Variant::kProbeFlat: {
+        const std::int64_t rec = ops::kda_recurrent_state_floats_per_slot(kHeads, kHeadDim) / 4;
+        const std::int64_t conv = ops::kda_conv_state_floats_per_slot(kHeads, kHeadDim) / 4;
+        const std::int64_t slot0 = std::int64_t(i % setup.copies) * B;  // slot table row r holds slots r*B ..
+        return launch_pdl(state_flat_kernel, 8 * detail::sm_count(), stream,
+                          reinterpret_cast<float4*>(p.recurrent_state) + slot0 * rec, B * rec,
+                          reinterpret_cast<float4*>(p.conv_state) + slot0 * conv, B * conv);
+      }
     }
-    const int conv_blocks = int((B * 3 * P + kBlockThreads - 1) / kBlockThreads);
-    launch_pdl(unfused_conv_kernel, conv_blocks, stream, p, setup.qkv_ws);
-    launch_pdl(unfused_recurrence_kernel, B * kHeads, stream, p, static_cast<const float*>(setup.qkv_ws), o_ws,
-               gate_ws);
-    launch_pdl(unfused_norm_kernel, (B * kHeads + kWarpsPerBlock - 1) / kWarpsPerBlock, stream, p,
-               static_cast<const float*>(o_ws), static_cast<const float*>(gate_ws));
   };
   time_graph(state, enqueue, graph_calls(setup.copies), setup.bytes_per_step(), Roof::kCopy);
   state.counters["B"] = B;
 }
 
-void BM_KdaFused(benchmark::State& state) { run(state, 0); }
-void BM_KdaFusedChecked(benchmark::State& state) { run(state, 1); }
-void BM_KdaUnfused(benchmark::State& state) { run(state, 2); }
-void BM_KdaFusedSettled(benchmark::State& state) { run(state, 3); }
+void BM_KdaFused(benchmark::State& state) { run(state, Variant::kFused); }
+void BM_KdaFusedChecked(benchmark::State& state) { run(state, Variant::kChecked); }
+void BM_KdaUnfused(benchmark::State& state) { run(state, Variant::kUnfused); }
+void BM_KdaFusedSettled(benchmark::State& state) { run(state, Variant::kSettled); }
+void BM_KdaProbeRegisters(benchmark::State& state) { run(state, Variant::kProbeRegisters); }
+void BM_KdaProbeRegisters3(benchmark::State& state) { run(state, Variant::kProbeRegisters3); }
+void BM_KdaProbeStream(benchmark::State& state) { run(state, Variant::kProbeStream); }
+void BM_KdaProbeSplit4(benchmark::State& state) { run(state, Variant::kProbeSplit4); }
+void BM_KdaProbeFlat(benchmark::State& state) { run(state, Variant::kProbeFlat); }
 
 BENCHMARK(BM_KdaFused)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->Arg(256)->UseManualTime();
 BENCHMARK(BM_KdaFusedChecked)->Arg(1)->Arg(64)->UseManualTime();
 BENCHMARK(BM_KdaUnfused)->Arg(1)->Arg(64)->UseManualTime();
 BENCHMARK(BM_KdaFusedSettled)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->Arg(256)->UseManualTime();
+BENCHMARK(BM_KdaProbeRegisters)->Arg(1)->Arg(64)->Arg(256)->UseManualTime();
+BENCHMARK(BM_KdaProbeRegisters3)->Arg(1)->Arg(64)->Arg(256)->UseManualTime();
+BENCHMARK(BM_KdaProbeStream)->Arg(1)->Arg(64)->Arg(256)->UseManualTime();
+BENCHMARK(BM_KdaProbeSplit4)->Arg(1)->Arg(8)->Arg(64)->Arg(256)->UseManualTime();
+BENCHMARK(BM_KdaProbeFlat)->Arg(1)->Arg(64)->Arg(256)->UseManualTime();
 
 }  // namespace
 }  // namespace encore::bench
