@@ -19,7 +19,8 @@
 //
 // Measured (H200, bench_kda, H=32, K=V=128, cold state; bench/RESULTS.md): 4.5 us at B=1 with
 // settled states, 5.45 us without (the dependent chain after the wait: proj -> conv -> gates ->
-// state pass -> norm), ~88-89 us at B=64 (79% of copy bandwidth). Tried and replaced: half-warp
+// state pass -> norm), ~88-89 us at B=64 (79% of copy bandwidth). The same bytes with no math
+// (bench probes, this tile shape) take 2.6 us at B=1 and 74 us at B=64. Tried and replaced: half-warp
 // per gate row reading W_fb/W_gb from global (16 dependent L2 trips per warp; 12 us at B=1,
 // 155 us at B=64). Open levers: a V-split at small B (spec §6), and the 64 KiB of gate weights
 // every tile pulls from L2 (as many bytes as its state read; a tile over several sequences of one
