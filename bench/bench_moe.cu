@@ -2,7 +2,8 @@
 // 1024) at B = 1, 8, 32, 64: router alone, experts alone, router + experts (from a normalised h, and
 // from the raw residual stream with the layer's RMSNorm fused into both ops); the naive chain (one
 // gate/up and one down GEMV launch per used expert, ops::gate_up_q4k_gemv / ops::q4k_gemv); and
-// the GGML MUL_MAT_ID reference shape (128 experts, top-8, 768 x 2048, no shared expert).
+// the GGML MUL_MAT_ID reference shape (128 experts, top-8, 768 x 2048, no shared expert); and a
+// probe that reads the used experts' bytes with no math (the ceiling of that memory pattern).
 // Bytes = router weights (where timed) + the Q4_K bytes of the experts actually used, averaged
 // over the rotation; every call reads a different routing and one of three weight copies, so the
 // working set is far beyond L2.
@@ -20,6 +21,7 @@
 #include <encore/ops/q4k_gemv.h>
 
 #include "bench_util.h"
+#include "common/launch.cuh"
 
 namespace encore::bench {
 namespace {
@@ -281,6 +283,80 @@ void run_naive(benchmark::State& state, const Shape& shape) {
       kCalls, expert_bytes);
 }
 
+// ---- memory-pattern probe (bench-only ceiling) ---------------------------------------------------
+
+// Reads matrices[0..count) (each `chunks` x 16 KiB, one expert's gate, up or down) with no math:
+// blocks walk 16 KiB chunks, 4 independent 16-byte loads per thread in flight. The xor of what was
+// read goes to *sink only if it equals a value it practically never has, so the loads stay.
+__global__ void __launch_bounds__(kBlockThreads) read_matrices_kernel(const uint4* const* matrices, int count,
+                                                                        int chunks, unsigned* sink) {
+  device::wait_for_upstream();  // as the real kernels: the second of a pair waits for the first
+  device::allow_downstream();
+  constexpr int kChunk = 16384 / 16;  // uint4s per chunk
+  unsigned acc = 0;
+  for (int c = blockIdx.x; c < count * chunks; c += gridDim.x) {
+    const uint4* p = matrices[c / chunks] + std::size_t(c % chunks) * kChunk + threadIdx.x;
+    uint4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = __ldcs(p + u * kBlockThreads);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+// The used experts' bytes alone (gate | up | down of the routed and shared experts of each call),
+// in one kernel, or in two chained kernels (gate and up, then down) as the expert GEMVs run.
+void run_probe(benchmark::State& state, bool two_kernels) {
+  const int batch = int(state.range(0));
+  const Shape& shape = kKimi;
+  Model& m = model(shape);
+  double expert_bytes = 0;
+  auto& st = steps(m, batch, expert_bytes);
+  const std::size_t blocks_per_matrix = shape.matrix_bytes() / 144;
+  const int chunks = int(shape.matrix_bytes() / 16384);
+  if (shape.matrix_bytes() % 16384) return state.SkipWithError("matrix bytes not a multiple of 16 KiB");
+  struct Tables {
+    const uint4** gate_up;  // 2 x used
+    const uint4** down;     // used
+    int used;
+  };
+  std::vector<Tables> tables(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    std::set<int> used(st[i].host_ids.begin(), st[i].host_ids.end());
+    for (int sh = 0; sh < shape.num_shared; ++sh) used.insert(shape.num_experts + sh);
+    const int copy = i % kWeightCopies;
+    std::vector<const uint4*> gu, dn;
+    for (int e : used) {
+      gu.push_back(reinterpret_cast<const uint4*>(m.gate[copy] + e * blocks_per_matrix));
+      gu.push_back(reinterpret_cast<const uint4*>(m.up[copy] + e * blocks_per_matrix));
+      dn.push_back(reinterpret_cast<const uint4*>(m.down[copy] + e * blocks_per_matrix));
+    }
+    std::vector<const uint4*> all(gu);  // one-kernel order: gate | up | down per table
+    all.insert(all.end(), dn.begin(), dn.end());
+    auto* t = static_cast<const uint4**>(device_alloc(all.size() * sizeof(void*)));
+    BENCH_CUDA(cudaMemcpy(t, all.data(), all.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    tables[i] = {t, t + gu.size(), int(used.size())};
+  }
+  auto* sink = static_cast<unsigned*>(device_alloc(4));
+  const int grid = 8 * detail::sm_count();
+  time_graph(
+      state,
+      [&](int i, cudaStream_t stream) {
+        const Tables& t = tables[i];
+        if (!two_kernels) {
+          throw_if_error(
+              detail::launch(read_matrices_kernel, grid, 0, stream, true, "probe", t.gate_up, 3 * t.used, chunks, sink));
+          return;
+        }
+        throw_if_error(
+            detail::launch(read_matrices_kernel, grid, 0, stream, true, "probe", t.gate_up, 2 * t.used, chunks, sink));
+        throw_if_error(detail::launch(read_matrices_kernel, grid, 0, stream, true, "probe", t.down, t.used, chunks, sink));
+      },
+      kCalls, expert_bytes);
+  state.counters["experts_used"] = expert_bytes / shape.expert_bytes();
+}
+
 // The top-k alone (from fp32 logits), to split the router's time between its GEMV and top-k.
 void BM_moe_kimi_topk(benchmark::State& state) {
   const int batch = int(state.range(0));
@@ -313,6 +389,8 @@ void BM_moe_kimi_layer_fused_norm(benchmark::State& s) { run_moe(s, kKimi, Part:
 void BM_moe_kimi_router(benchmark::State& s) { run_moe(s, kKimi, Part::kRouter); }
 void BM_moe_kimi_experts(benchmark::State& s) { run_moe(s, kKimi, Part::kExperts); }
 void BM_moe_kimi_naive_chain(benchmark::State& s) { run_naive(s, kKimi); }
+void BM_moe_kimi_probe_one_kernel(benchmark::State& s) { run_probe(s, false); }
+void BM_moe_kimi_probe_two_kernels(benchmark::State& s) { run_probe(s, true); }
 void BM_moe_ggml_shape_experts(benchmark::State& s) { run_moe(s, kGgml, Part::kExperts); }
 void BM_moe_ggml_shape_naive_chain(benchmark::State& s) { run_naive(s, kGgml); }
 
@@ -322,6 +400,8 @@ BENCHMARK(BM_moe_kimi_router)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime()
 BENCHMARK(BM_moe_kimi_topk)->Arg(1)->Arg(64)->UseManualTime();
 BENCHMARK(BM_moe_kimi_experts)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
 BENCHMARK(BM_moe_kimi_naive_chain)->Arg(1)->Arg(8)->UseManualTime();
+BENCHMARK(BM_moe_kimi_probe_one_kernel)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
+BENCHMARK(BM_moe_kimi_probe_two_kernels)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
 BENCHMARK(BM_moe_ggml_shape_experts)->Arg(1)->Arg(8)->UseManualTime();
 BENCHMARK(BM_moe_ggml_shape_naive_chain)->Arg(1)->Arg(8)->UseManualTime();
 
