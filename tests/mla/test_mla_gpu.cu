@@ -483,47 +483,48 @@ TEST(MlaGpu, GraphCapturedOnceServesOtherLengths) {
 TEST(MlaGpu, BadDeviceInputLeavesCacheUntouched) {
   ENCORE_REQUIRE_GPU();
   struct Case { const char* name; int flag; bool outputs_untouched; };
-  for (bool settled : {false, true})
-  for (Case c : {Case{"length over capacity", kMlaErrorLength, true}, Case{"negative length", kMlaErrorLength, true},
-                 Case{"position mismatch", kMlaErrorPosition, true},
-                 Case{"append page id out of range", kMlaErrorPageId, true},
-                 Case{"read page id out of range", kMlaErrorPageId, false},
-                 Case{"negative read page id", kMlaErrorPageId, false}}) {
-    SCOPED_TRACE(::testing::Message() << c.name << (settled ? ", plan settled" : ""));
-    const std::string name = c.name;
-    MlaRig rig({130, 64, 1}, 32, mla_rope_none(), kMlaScaleKimi);
-    rig.settled = settled;
-    std::vector<std::int32_t> lens = rig.lens;
-    if (name == "length over capacity") lens[0] = rig.capacity_pages * 64 + 1;
-    if (name == "negative length") lens[0] = -5;
-    rig.set_lens(lens);
-    // Request 0 (len 130) appends into its page 2 and reads pages 0..2.
-    if (name == "append page id out of range") rig.table[2] = rig.num_pages;
-    if (name == "read page id out of range") rig.table[1] = rig.num_pages + 1000;
-    if (name == "negative read page id") rig.table[1] = -1;
-    rig.d_table.upload(rig.table);
-    if (name == "position mismatch") {
-      rig.positions[1] = 10;
-      rig.d_pos.upload(rig.positions);
-    }
-    rig.poison_outputs();
-    ENCORE_OK(rig.enqueue(nullptr));  // host-visible input is fine: launches happen
-    EXPECT_EQ(rig.d_flag.download()[0] & c.flag, c.flag);
-    rig.expect_counters_zero();  // the fused kernel keeps its counter protocol on flagged steps
-    const std::vector<bf16> after = rig.d_pool.download();
-    if (c.outputs_untouched) {  // flagged by the scheduler: nothing at all is written
-      EXPECT_TRUE(test::bitwise_equal(after.data(), rig.pool.data(), after.size() * sizeof(bf16))) << "cache was modified";
-      for (float v : rig.d_olat.download()) ASSERT_TRUE(std::isnan(v)) << "attention wrote output on a flagged step";
-      for (float v : rig.d_lse.download()) ASSERT_TRUE(std::isnan(v));
-    } else {  // a bad page met by split-KV: never read (no fault under memcheck); the append still ran
-      std::vector<bf16> expect = rig.pool;
-      for (int b = 0; b < rig.n; ++b) {
-        const int pos = rig.positions[b];
-        const std::size_t at = (std::size_t(rig.table[std::size_t(b) * rig.capacity_pages + pos / 64]) * 64 + pos % 64) * kMlaRowDim;
-        std::copy(after.begin() + at, after.begin() + at + kMlaRowDim, expect.begin() + at);
+  for (bool settled : {false, true}) {
+    for (Case c : {Case{"length over capacity", kMlaErrorLength, true}, Case{"negative length", kMlaErrorLength, true},
+                   Case{"position mismatch", kMlaErrorPosition, true},
+                   Case{"append page id out of range", kMlaErrorPageId, true},
+                   Case{"read page id out of range", kMlaErrorPageId, false},
+                   Case{"negative read page id", kMlaErrorPageId, false}}) {
+      SCOPED_TRACE(::testing::Message() << c.name << (settled ? ", plan settled" : ""));
+      const std::string name = c.name;
+      MlaRig rig({130, 64, 1}, 32, mla_rope_none(), kMlaScaleKimi);
+      rig.settled = settled;
+      std::vector<std::int32_t> lens = rig.lens;
+      if (name == "length over capacity") lens[0] = rig.capacity_pages * 64 + 1;
+      if (name == "negative length") lens[0] = -5;
+      rig.set_lens(lens);
+      // Request 0 (len 130) appends into its page 2 and reads pages 0..2.
+      if (name == "append page id out of range") rig.table[2] = rig.num_pages;
+      if (name == "read page id out of range") rig.table[1] = rig.num_pages + 1000;
+      if (name == "negative read page id") rig.table[1] = -1;
+      rig.d_table.upload(rig.table);
+      if (name == "position mismatch") {
+        rig.positions[1] = 10;
+        rig.d_pos.upload(rig.positions);
       }
-      EXPECT_TRUE(test::bitwise_equal(after.data(), expect.data(), after.size() * sizeof(bf16)))
-          << "more than the appended rows changed";
+      rig.poison_outputs();
+      ENCORE_OK(rig.enqueue(nullptr));  // host-visible input is fine: launches happen
+      EXPECT_EQ(rig.d_flag.download()[0] & c.flag, c.flag);
+      rig.expect_counters_zero();  // the fused kernel keeps its counter protocol on flagged steps
+      const std::vector<bf16> after = rig.d_pool.download();
+      if (c.outputs_untouched) {  // flagged by the scheduler: nothing at all is written
+        EXPECT_TRUE(test::bitwise_equal(after.data(), rig.pool.data(), after.size() * sizeof(bf16))) << "cache was modified";
+        for (float v : rig.d_olat.download()) ASSERT_TRUE(std::isnan(v)) << "attention wrote output on a flagged step";
+        for (float v : rig.d_lse.download()) ASSERT_TRUE(std::isnan(v));
+      } else {  // a bad page met by split-KV: never read (no fault under memcheck); the append still ran
+        std::vector<bf16> expect = rig.pool;
+        for (int b = 0; b < rig.n; ++b) {
+          const int pos = rig.positions[b];
+          const std::size_t at = (std::size_t(rig.table[std::size_t(b) * rig.capacity_pages + pos / 64]) * 64 + pos % 64) * kMlaRowDim;
+          std::copy(after.begin() + at, after.begin() + at + kMlaRowDim, expect.begin() + at);
+        }
+        EXPECT_TRUE(test::bitwise_equal(after.data(), expect.data(), after.size() * sizeof(bf16)))
+            << "more than the appended rows changed";
+      }
     }
   }
 }
