@@ -159,6 +159,13 @@ ops::MoeExpertsParams experts_params(const Model& m, const Step& st, int batch, 
   return p;
 }
 
+// The experts a step uses: its routed ids and the shared experts (ids num_experts ..).
+std::set<int> used_experts(const Shape& shape, const Step& st) {
+  std::set<int> used(st.host_ids.begin(), st.host_ids.end());
+  for (int sh = 0; sh < shape.num_shared; ++sh) used.insert(shape.num_experts + sh);
+  return used;
+}
+
 // kCalls steps with random h; routing from the real router (run once here), so the timed graphs
 // see the routing they produce. Returns the mean bytes of used experts per call.
 std::vector<Step>& steps(const Model& m, int batch, double& expert_bytes) {
@@ -188,7 +195,7 @@ std::vector<Step>& steps(const Model& m, int batch, double& expert_bytes) {
     cache.push_back({{&m, batch}, found});
   }
   double total = 0;
-  for (const Step& st : *found) total += double(std::set<int>(st.host_ids.begin(), st.host_ids.end()).size() + m.s.num_shared);
+  for (const Step& st : *found) total += double(used_experts(m.s, st).size());
   expert_bytes = total / kCalls * m.s.expert_bytes();
   return *found;
 }
@@ -323,8 +330,7 @@ void run_probe(benchmark::State& state, bool two_kernels) {
   };
   std::vector<Tables> tables(kCalls);
   for (int i = 0; i < kCalls; ++i) {
-    std::set<int> used(st[i].host_ids.begin(), st[i].host_ids.end());
-    for (int sh = 0; sh < shape.num_shared; ++sh) used.insert(shape.num_experts + sh);
+    const std::set<int> used = used_experts(shape, st[i]);
     const int copy = i % kWeightCopies;
     std::vector<const uint4*> gu, dn;
     for (int e : used) {
