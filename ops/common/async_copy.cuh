@@ -81,6 +81,16 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       : "memory");
 }
 
+// The same with an L2 cache policy (createpolicy), e.g. evict-first for weights read once per step.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int col, int row, std::uint64_t* bar,
+                                            std::uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(
+          smem_address(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(col), "r"(row), "r"(smem_address(bar)), "l"(policy)
+      : "memory");
+}
+
 // Warms the descriptor cache with a tensor map (a __grid_constant__ kernel parameter's address).
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");

@@ -18,4 +18,12 @@ Status encode_tensor_map_2d_b16(CUtensorMap* map, const void* base, std::uint64_
                                 std::uint64_t row_stride_bytes, std::uint32_t box_cols, std::uint32_t box_rows,
                                 const char* what);
 
+// A row-major [rows][words] tensor of 4-byte words (rows `row_stride_bytes` apart, a multiple of
+// 16; base 16-byte aligned), copied in plain boxes of box_rows x box_words (no swizzle: a box
+// lands as box_rows rows of box_words * 4 bytes, back to back). Words of a box past a row's end
+// land as zeros, so a box may carry padding beyond its row.
+Status encode_tensor_map_2d_words(CUtensorMap* map, const void* base, std::uint64_t words, std::uint64_t rows,
+                                  std::uint64_t row_stride_bytes, std::uint32_t box_words, std::uint32_t box_rows,
+                                  const char* what);
+
 }  // namespace encore::detail

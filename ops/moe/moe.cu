@@ -6,6 +6,7 @@
 
 #include "common/cuda_check.h"
 #include "common/launch.cuh"
+#include "common/tensor_map.h"
 #include "moe/moe_expert_stream.cuh"
 #include "moe/moe_expert_tile.cuh"
 #include "moe/moe_router_tile.cuh"
@@ -64,17 +65,19 @@ __global__ void __launch_bounds__(kBlockThreads) moe_prepare_kernel(const __grid
 // kInBlock: each block builds the work list itself (small batches, no prepare kernel).
 template <int BlocksPerSm, bool kInBlock>
 __global__ void __launch_bounds__(kBlockThreads, BlocksPerSm)
-    moe_gate_up_kernel(const __grid_constant__ ExpertsTileParams p, const moe::StreamShape shape) {
+    moe_gate_up_kernel(const __grid_constant__ ExpertsTileParams p, const moe::StreamShape shape,
+                       const __grid_constant__ moe::StreamMaps maps) {
   extern __shared__ __align__(128) char smem[];
-  moe::gate_up_stream<kInBlock>(p, shape, smem);  // waits for the routing inside
+  moe::gate_up_stream<kInBlock>(p, shape, maps, smem);  // waits for the routing inside
 }
 
 // Waits for the gate/up kernel inside the body, after its weight copies are issued.
 template <int BlocksPerSm, bool kInBlock>
 __global__ void __launch_bounds__(kBlockThreads, BlocksPerSm)
-    moe_down_kernel(const __grid_constant__ ExpertsTileParams p, const moe::StreamShape shape) {
+    moe_down_kernel(const __grid_constant__ ExpertsTileParams p, const moe::StreamShape shape,
+                    const __grid_constant__ moe::StreamMaps maps) {
   extern __shared__ __align__(128) char smem[];
-  moe::down_stream<kInBlock>(p, shape, smem);
+  moe::down_stream<kInBlock>(p, shape, maps, smem);
 }
 
 // ---- helpers ------------------------------------------------------------------------------------
@@ -189,6 +192,18 @@ Status plan_streams(const DeviceLimits& dev, const MoeExpertsParams& a, StreamPl
       if (fit_plan(dev, a, a.max_batch, tokens, moe::kStreamBlocksPerSm, min_stages, false, plan)) return {};
   return Status(StatusCode::kUnsupported, detail::concat("moe_experts: hidden = ", a.hidden, ", inter = ", a.inter,
                                                          ": the expert streams do not fit in shared memory"));
+}
+
+// The streams' tensor maps: every expert's rows (routed, then shared) of each matrix as 4-byte
+// words, boxes of one warp's rows x one stage.
+Status encode_stream_maps(const moe::StreamShape& shape, const char* const (&mats)[2], int rows, std::int64_t row_bytes,
+                          moe::StreamMaps& maps) {
+  static const char* const names[2][2] = {{"down", "down"}, {"gate", "up"}};
+  for (int m = 0; m < shape.matrices(); ++m)
+    ENCORE_RETURN_IF_ERROR(detail::encode_tensor_map_2d_words(&maps.mat[m], mats[m], std::uint64_t(row_bytes / 4), std::uint64_t(rows),
+                                                              std::uint64_t(row_bytes), std::uint32_t(shape.pitch() / 4),
+                                                              std::uint32_t(shape.box_rows()), names[shape.matrices() - 1][m]));
+  return {};
 }
 
 Status validate_batch(const char* op, int batch, int max_batch) {
@@ -490,19 +505,26 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   p.act_mid = ws + layout.act_mid;
   p.y = reinterpret_cast<float*>(ws + layout.y);
 
+  const int matrices = a.num_experts + a.num_shared;
+  moe::StreamMaps gate_up_maps{}, down_maps{};
+  ENCORE_RETURN_IF_ERROR(encode_stream_maps(plan.gate_up, {p.gate, p.up}, matrices * a.inter, p.up_row_bytes, gate_up_maps));
+  ENCORE_RETURN_IF_ERROR(encode_stream_maps(plan.down, {p.down, nullptr}, matrices * a.hidden, p.down_row_bytes, down_maps));
+
   // The general plan's grids depend on max_batch only, so one capture at max_batch serves any
   // routing; the small-batch plan (in-block lists) is the batch's own.
   if (plan.gate_up.in_block()) {
-    ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel<kSmallBatchBlocks, true>, plan.gate_up_grid,
-                                          plan.gate_up_smem, stream, true, "moe gate/up kernel", p, plan.gate_up));
-    return detail::launch(moe_down_kernel<kSmallBatchBlocks, true>, plan.down_grid, plan.down_smem, stream, true, "moe down kernel", p, plan.down);
+    ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel<kSmallBatchBlocks, true>, plan.gate_up_grid, plan.gate_up_smem,
+                                          stream, true, "moe gate/up kernel", p, plan.gate_up, gate_up_maps));
+    return detail::launch(moe_down_kernel<kSmallBatchBlocks, true>, plan.down_grid, plan.down_smem, stream, true, "moe down kernel",
+                          p, plan.down, down_maps);
   }
   const int prepare = moe::prepare_tiles(a.max_batch);
   ENCORE_RETURN_IF_ERROR(detail::launch(moe_prepare_kernel, prepare, moe::prepare_smem_bytes(), stream, true,
                                         "moe prepare kernel", p, prepare));
-  ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel<moe::kStreamBlocksPerSm, false>, plan.gate_up_grid,
-                                        plan.gate_up_smem, stream, true, "moe gate/up kernel", p, plan.gate_up));
-  return detail::launch(moe_down_kernel<moe::kStreamBlocksPerSm, false>, plan.down_grid, plan.down_smem, stream, true, "moe down kernel", p, plan.down);
+  ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel<moe::kStreamBlocksPerSm, false>, plan.gate_up_grid, plan.gate_up_smem,
+                                        stream, true, "moe gate/up kernel", p, plan.gate_up, gate_up_maps));
+  return detail::launch(moe_down_kernel<moe::kStreamBlocksPerSm, false>, plan.down_grid, plan.down_smem, stream, true,
+                        "moe down kernel", p, plan.down, down_maps);
 }
 
 }  // namespace encore::ops

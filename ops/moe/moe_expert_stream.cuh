@@ -10,10 +10,12 @@
 // that every stream block builds in its own shared memory from the routing (no prepare kernel in
 // the chain; the gate/up blocks then quantise the batch's activations themselves, once, into a
 // resident buffer, while their first weights are in flight).
-// An item is 64 (matrix, row) units: one per 4-lane group of the 8 warps. Its weights arrive in
-// K stages through a ring of shared-memory buffers per warp (as in the GEMV): one bulk copy per
-// unit and stage, completion on one mbarrier per buffer; a warp refills a buffer as soon as it is
-// done with it. The entries' activations arrive through two block-wide buffers, one bulk copy per
+// An item is 64 (matrix, row) units: one per 4-lane group of the 8 warps; a warp's units are
+// consecutive rows (down) or the same consecutive rows of gate and of up. Its weights arrive in
+// K stages through a ring of shared-memory buffers per warp: one TMA box per matrix and stage
+// (the warp's rows x the stage's K blocks, through a tensor map of all experts' rows), completion
+// on one mbarrier per buffer; a warp refills a buffer as soon as it is done with it. (One bulk
+// copy per row, issued lane by lane, took a quarter of the kernels' instructions at B = 32.) The entries' activations arrive through two block-wide buffers, one bulk copy per
 // entry; warp 0 refills one after the block barrier that ends its item. Bytes in flight cost no
 // registers, so one block keeps several stages of the next items in flight.
 // The math is the GEMV's quad core (gemv/q4k_stream.cuh): lane p of a group decodes 64 weights of
@@ -73,9 +75,20 @@ struct StreamShape {
   __host__ __device__ bool resident_act() const { return gather && in_block(); }
 
   __host__ __device__ int pitch() const { return gemv::stage_pitch(stage_blocks); }
-  __host__ __device__ int stage_bytes() const { return kUnitsPerWarp * pitch(); }  // one warp's buffer
+  __host__ __device__ int matrices() const { return gather ? 2 : 1; }  // gate and up, or down
+  __host__ __device__ int box_rows() const { return kUnitsPerWarp / matrices(); }
+  // A box's rows lie pitch() apart (a padded pitch carries words past the stage, zeros past the
+  // row); each box starts 128-byte aligned, as the TMA engine requires.
+  __host__ __device__ int box_stride() const { return (box_rows() * pitch() + 127) / 128 * 128; }
+  __host__ __device__ int stage_bytes() const { return matrices() * box_stride(); }  // one warp's buffer
   __host__ __device__ int act_token_bytes() const { return k_blocks * gemv::kActBlockBytes; }
   __host__ __device__ int stages_per_item() const { return (k_blocks + stage_blocks - 1) / stage_blocks; }
+};
+
+// Tensor maps of a stream's matrices (gate and up, or down), each over all experts' rows as
+// 4-byte words, with boxes of StreamShape::box_rows() rows x pitch() bytes. A kernel parameter.
+struct StreamMaps {
+  CUtensorMap mat[2];
 };
 
 // Shared memory of a stream block: barriers | item table | ring | activations |
@@ -125,27 +138,33 @@ struct ExpertStream {
   StreamShape shape;
   StreamSmem s;
   WorkList list;
-  const char* mat[NMAT];
-  std::int64_t matrix_bytes, row_bytes;
+  const CUtensorMap* map[NMAT];
+  int expert_rows;  // rows of one expert's matrix
   const char* act_src;
+  std::uint64_t policy;  // evict-first: weights are read once per step
   int num_passes;  // this step's passes (read once, with the item table)
   int items;
+  // Per warp (warp-uniform): the next stage to fill (item, stage of the item), and the buffer
+  // the warp computes on next with its phase parity.
+  int fill_item = 0, fill_stage = 0;
+  int slot = 0;
+  std::uint32_t phase = 0;
 
   // Fills the item table from the work list and starts the weight ring: weights depend only on
   // the items. The work list comes from the prepare kernel, or is built here from the routing;
   // either finished before the gate/up kernel passed its PDL wait and let the down kernel start,
   // so the down kernel runs this before its own wait (global data read through L2, ld.cg).
   // start_activations() follows the wait.
-  __device__ ExpertStream(const ExpertsTileParams& p, const StreamShape& sh, char* smem, int row_groups)
+  __device__ ExpertStream(const ExpertsTileParams& p, const StreamShape& sh, const StreamMaps& maps, char* smem, int row_groups)
       : shape(sh), s(smem, sh), list(kInBlock ? s.list : global_work_list(p)) {
-    if (NMAT == 2) {
-      mat[0] = p.gate, mat[NMAT - 1] = p.up;
-      matrix_bytes = p.up_matrix_bytes, row_bytes = p.up_row_bytes, act_src = p.act_in;
-    } else {
-      mat[0] = p.down;
-      matrix_bytes = p.down_matrix_bytes, row_bytes = p.down_row_bytes, act_src = p.act_mid;
-    }
+#pragma unroll
+    for (int m = 0; m < NMAT; ++m) map[m] = &maps.mat[m];
+    expert_rows = NMAT == 2 ? p.inter : p.hidden;
+    act_src = NMAT == 2 ? p.act_in : p.act_mid;
+    policy = q4k::device::evict_first_policy();
     if (threadIdx.x == 0) {
+#pragma unroll
+      for (int m = 0; m < NMAT; ++m) device::prefetch_tensor_map(map[m]);
       for (int i = 0; i < kWarpsPerBlock * kMaxRingStages; ++i) device::barrier_init(&s.full[i], 1);
       for (int i = 0; i < kActBuffers; ++i) device::barrier_init(&s.act_full[i], 1);
       device::fence_barrier_init();
@@ -166,7 +185,7 @@ struct ExpertStream {
     }
     items = total > int(blockIdx.x) ? (total - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x) : 0;
     __syncthreads();
-    for (int j = 0; j < shape.stages; ++j) issue_stage(j);
+    for (int j = 0; j < shape.stages; ++j) fill_next(j);
   }
 
   // The entries' tokens (gate/up: all items' in one parallel round trip) and the first items'
@@ -186,29 +205,27 @@ struct ExpertStream {
       for (int k = 0; k < kActBuffers; ++k) issue_activations(k);
   }
 
-  // Warp-wide: bulk copies of the calling warp's units of global stage j (item j / stages_per_item)
-  // into its buffer j % stages.
-  __device__ void issue_stage(int j) const {
-    const int spi = shape.stages_per_item(), k = j / spi;
-    if (k >= items) return;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, slot = j % shape.stages;
-    const int kb0 = (j % spi) * shape.stage_blocks, nb = min(shape.stage_blocks, shape.k_blocks - kb0);
-    const int4 item = s.items[k];
-    const std::uint32_t bytes = std::uint32_t(nb) * q4k::kBlockBytes;
-    std::uint64_t* bar = &s.full[warp * kMaxRingStages + slot];
-    if (lane == 0) device::barrier_arrive_expect(bar, kUnitsPerWarp * bytes);
-    __syncwarp();
-    if (lane < kUnitsPerWarp) {
-      const int u = warp * kUnitsPerWarp + lane;
-      const std::int64_t row = std::int64_t(item.w) * (kStreamUnits / NMAT) + u / NMAT;
-      const char* src = (u % NMAT == 0 ? mat[0] : mat[NMAT - 1]) + item.x * matrix_bytes + row * row_bytes + kb0 * q4k::kBlockBytes;
-      device::bulk_copy_to_shared(buffer(slot) + lane * shape.pitch(), src, bytes, bar, q4k::device::evict_first_policy());
-    }
+  // Warp-wide: the calling warp's next stage (fill_item, fill_stage) into its buffer `to`: lane 0
+  // issues one box per matrix (the warp's box_rows() rows from item row group row w * 64 / NMAT
+  // + warp * box_rows()).
+  __device__ void fill_next(int to) {
+    if (fill_item >= items) return;
+    const int4 item = s.items[fill_item];
+    const int kb0 = fill_stage * shape.stage_blocks;
+    if (++fill_stage == shape.stages_per_item()) fill_stage = 0, ++fill_item;
+    if (threadIdx.x % 32 != 0) return;
+    const int warp = threadIdx.x / 32;
+    std::uint64_t* bar = &s.full[warp * kMaxRingStages + to];
+    device::barrier_arrive_expect(bar, std::uint32_t(kUnitsPerWarp * shape.pitch()));
+    const int row = item.x * expert_rows + item.w * (kStreamUnits / NMAT) + warp * shape.box_rows();
+#pragma unroll
+    for (int m = 0; m < NMAT; ++m)
+      device::tma_load_2d(buffer(to) + m * shape.box_stride(), map[m], kb0 * (q4k::kBlockBytes / 4), row, bar, policy);
   }
 
-  // The calling warp's ring buffer `slot`.
-  __device__ char* buffer(int slot) const {
-    return s.ring + (std::size_t(threadIdx.x / 32) * shape.stages + slot) * shape.stage_bytes();
+  // The calling warp's ring buffer `b`.
+  __device__ char* buffer(int b) const {
+    return s.ring + (std::size_t(threadIdx.x / 32) * shape.stages + b) * shape.stage_bytes();
   }
 
   // Warp-wide: bulk copies of item k's entries' activations into buffer k % kActBuffers.
@@ -235,9 +252,11 @@ struct ExpertStream {
   }
 
   // Item k: acc[t] = this group's row . entry t's activations (t < entries), summed over the
-  // group; `stage` counts the global stages this warp has consumed. Refills what it frees.
-  __device__ int4 compute_item(int k, std::uint32_t& stage, float (&acc)[kTokensPerPass]) const {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4;
+  // group. Refills each buffer it frees.
+  __device__ int4 compute_item(int k, float (&acc)[kTokensPerPass]) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4, group = lane / 4;
+    // Group g holds unit (matrix g % NMAT, row g / NMAT of the warp's box).
+    const int row_offset = (group % NMAT) * shape.box_stride() + (group / NMAT) * shape.pitch();
     const int spi = shape.stages_per_item();
     const int b = k % kActBuffers;
     if constexpr (!kResidentAct) device::barrier_wait(&s.act_full[b], (k / kActBuffers) & 1u);
@@ -248,10 +267,9 @@ struct ExpertStream {
     const gemv::stream::PairUnpack unpack = gemv::stream::pair_unpack(quad);
 #pragma unroll
     for (int t = 0; t < kTokensPerPass; ++t) acc[t] = 0.f;
-    for (int st = 0; st < spi; ++st, ++stage) {
-      const int slot = int(stage % std::uint32_t(shape.stages));
-      device::barrier_wait(&s.full[warp * kMaxRingStages + slot], (stage / std::uint32_t(shape.stages)) & 1u);
-      const char* row = buffer(slot) + (lane / 4) * shape.pitch();
+    for (int st = 0; st < spi; ++st) {
+      device::barrier_wait(&s.full[warp * kMaxRingStages + slot], phase);
+      const char* row = buffer(slot) + row_offset;
       const int kb0 = st * shape.stage_blocks, nb = min(shape.stage_blocks, shape.k_blocks - kb0);
       for (int jl = 0; jl < nb; ++jl) {
         const gemv::stream::QuadWeights w = gemv::stream::decode_quad(row + jl * q4k::kBlockBytes, quad, unpack);
@@ -263,10 +281,12 @@ struct ExpertStream {
         }
       }
       __syncwarp();  // every lane is done with the buffer before it is refilled
-      issue_stage(int(stage) + shape.stages);
+      fill_next(slot);
+      if (++slot == shape.stages) slot = 0, phase ^= 1u;
     }
 #pragma unroll
     for (int t = 0; t < kTokensPerPass; ++t) {
+      if (t >= count) break;  // (warp-uniform)
       acc[t] += __shfl_xor_sync(0xFFFFFFFFu, acc[t], 1);
       acc[t] += __shfl_xor_sync(0xFFFFFFFFu, acc[t], 2);
     }
@@ -286,21 +306,20 @@ struct ExpertStream {
 // one row, so silu(g)*u is one shuffle away. The caller has not waited for the routing: a settled
 // h is quantised first (resident activations).
 template <bool kInBlock>
-__device__ inline void gate_up_stream(const ExpertsTileParams& p, const StreamShape& shape, char* smem) {
+__device__ inline void gate_up_stream(const ExpertsTileParams& p, const StreamShape& shape, const StreamMaps& maps, char* smem) {
   if (kInBlock && p.h_settled) {
     const StreamSmem s(smem, shape);
     quantize_rows(p, 0, p.batch, s.act, s.row_partial);
   }
   device::wait_for_upstream();  // the routing (and the work list or h) come from upstream
   device::allow_downstream();
-  const ExpertStream<2, kInBlock> stream(p, shape, smem, gate_up_row_groups(p.inter));
+  ExpertStream<2, kInBlock> stream(p, shape, maps, smem, gate_up_row_groups(p.inter));
   if (kInBlock && blockIdx.x == 0) reset_chunk_counters(p);  // (the prepare kernel's job otherwise)
   stream.start_activations(p);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, unit = warp * 8 + lane / 4;
-  std::uint32_t stage = 0;
   for (int k = 0; k < stream.items; ++k) {
     float acc[kTokensPerPass];
-    const int4 item = stream.compute_item(k, stage, acc);
+    const int4 item = stream.compute_item(k, acc);
     const int count = item.z, row_group = item.w;
     float* mid = stream.s.mid + (k % 2) * shape.tokens * kGateUpRows;  // two items' worth: one barrier per item
 #pragma unroll
@@ -324,20 +343,21 @@ __device__ inline void gate_up_stream(const ExpertsTileParams& p, const StreamSh
 
 // The caller has not waited for the gate/up kernel: the weights start streaming first.
 template <bool kInBlock>
-__device__ inline void down_stream(const ExpertsTileParams& p, const StreamShape& shape, char* smem) {
-  const ExpertStream<1, kInBlock> stream(p, shape, smem, down_row_chunks(p.hidden));
+__device__ inline void down_stream(const ExpertsTileParams& p, const StreamShape& shape, const StreamMaps& maps, char* smem) {
+  ExpertStream<1, kInBlock> stream(p, shape, maps, smem, down_row_chunks(p.hidden));
   device::wait_for_upstream();  // act_mid comes from the gate/up kernel
   device::allow_downstream();
   stream.start_activations(p);
   const int lane = threadIdx.x % 32, unit = threadIdx.x / 4;
-  std::uint32_t stage = 0;
   for (int k = 0; k < stream.items; ++k) {
     float acc[kTokensPerPass];
-    const int4 item = stream.compute_item(k, stage, acc);
+    const int4 item = stream.compute_item(k, acc);
     const std::int64_t row = std::int64_t(item.w) * kDownRows + unit;
 #pragma unroll
-    for (int t = 0; t < kTokensPerPass; ++t)
-      if (t < item.z && lane % 4 == t % 4) p.y[(item.y + t) * std::int64_t(p.hidden) + row] = acc[t];
+    for (int t = 0; t < kTokensPerPass; ++t) {
+      if (t >= item.z) break;
+      if (lane % 4 == t % 4) p.y[(item.y + t) * std::int64_t(p.hidden) + row] = acc[t];
+    }
     __syncthreads();
     stream.refill_activations(k);
   }
