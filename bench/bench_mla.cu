@@ -3,7 +3,9 @@
 // row per cached token (it serves K and V), i.e. 1152 B per token; partials are not counted.
 // Rows: attention fused into one kernel (mla_attention with counters), split-KV + combine as two
 // kernels, split-KV alone (the combine's share is the difference), and the scheduler alone (run
-// once per step, shared by the 7 MLA layers); at 128 x 8K also the account of the split-KV time.
+// once per step, shared by the 7 MLA layers); at 128 x 8K also the account of the split-KV time,
+// and at B = 1 split-KV without its math. BM_MlaChainProbe: the dependent chain any split design
+// runs at B = 1, with no math (below).
 //
 // Measured 2026-12-03 on one H200 (132 SMs, measured read 4394 GB/s; bench/RESULTS.md, fourteenth
 // session, run 15; pages by TMA), us per call (median; scheduler from run 9 of the thirteenth):
@@ -15,9 +17,15 @@
 //   128 x 8K  305.23  90.1    323.67       300.37         3.37       319
 // The fused 128 x 8K ran 299.6-307.8 us (89.2-90.1% of read) on the four H200s of that session.
 // Account of the split-KV time at 128 x 8K: loads alone 288.6 us (95.2% of read), math alone 229.8 us.
+// B = 1 without math (2026-12-04, H200, read 4384-4507 GB/s): split-KV loads alone 6.37 us at 1 x 4K,
+// 15.22 us (56.6%) at 1 x 32K; the chain probe 7.37-7.67 us at 1 x 4K (4.10-4.34 us up to the partial
+// write, 0.65 us an empty kernel), 15.5-15.8 us (54-55%) at 1 x 32K (11.8-12.2 us, 70-71%, without
+// the merge; the same with 2, 4 or 6 chunks in flight per block).
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <numeric>
+#include <random>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -180,11 +188,168 @@ void mla_shapes(benchmark::internal::Benchmark* b) {
     for (auto [batch, len] : shapes) b->Args({batch, len, mode, 0});
   // Account of the split-KV time: loads alone, math alone.
   for (int mode : {kLoadsOnly, kComputeOnly}) b->Args({128, 8192, mode, 0});
+  for (int len : {4096, 32768}) b->Args({1, len, kLoadsOnly, 0});  // B = 1: the op's own chain without math
   // B = 1 with fewer, longer splits than one part per SM (fewer partials to merge).
   for (int len : {4096, 32768})
     for (int parts : {33, 66}) b->Args({1, len, kAttention, parts});
 }
 BENCHMARK(BM_MlaDecode)->Apply(mla_shapes)->ArgNames({"B", "S", "mode", "parts"})->UseManualTime();
+
+// ---- B = 1: the split design's dependent chain with no math (a floor for the B = 1 targets) ----
+// Any split-KV decode at B = 1 spreads the cache over the SMs and merges the splits across them.
+// Each probe block: reads the sequence length, its chunks' page ids, copies its rows (bulk copies
+// of half pages, 36 KB), writes a partial the size of a bf16 one (32 heads x 512) with its LSEs,
+// meets the other blocks on an integer counter (all blocks are resident: one per SM), then merges
+// its slice of the output from every block's partial and writes it. No attention math at all.
+// Stages: kChain everything; kNoMerge up to the partial write; kEmpty an empty kernel of the same grid.
+enum class ChainStage { kChain = 0, kNoMerge = 1, kEmpty = 2 };
+constexpr int kChainHeads = 32, kChunkTokens = 32, kChunkBytes = kChunkTokens * kMlaRowDim * 2, kMaxChainStages = 6;
+constexpr int kMaxBlocks = 256;       // the probe's grid (one block per SM)
+constexpr int kMaxChainChunks = 32;   // chunks per block
+
+struct ChainProbeArgs {
+  const __nv_bfloat16* pages;
+  const std::int32_t* block_table;
+  const std::int32_t* seq_lens;
+  __nv_bfloat16* partial;  // [grid][heads][512]
+  float* partial_lse;      // [grid][heads]
+  float* out;              // [heads][512]
+  unsigned* counter;       // grows by gridDim.x per call
+  ChainStage stage;
+  int stages;              // chunks in flight per block (<= kMaxChainStages)
+};
+
+__global__ void __launch_bounds__(256, 1) mla_chain_probe_kernel(const __grid_constant__ ChainProbeArgs a) {
+  namespace dev = encore::device;
+  if (a.stage == ChainStage::kEmpty) return;
+  extern __shared__ __align__(128) char chunks[];  // [stages][kChunkBytes]
+  __shared__ std::uint64_t bars[kMaxChainStages];
+  __shared__ std::int32_t page_ids[kMaxChainChunks];
+  const int tid = threadIdx.x, G = gridDim.x, b = blockIdx.x, stages = a.stages;
+  if (tid == 0) {
+    for (int s = 0; s < stages; ++s) dev::barrier_init(&bars[s], 1);
+    dev::fence_barrier_init();
+  }
+  const int len = __ldcg(a.seq_lens);
+  const int total = (len + kChunkTokens - 1) / kChunkTokens;
+  const int first = int(std::int64_t(total) * b / G), count = int(std::int64_t(total) * (b + 1) / G) - first;
+  if (tid < count) page_ids[tid] = __ldcg(a.block_table + (first + tid) / 2);
+  __syncthreads();
+  auto issue = [&](int i) {  // thread 0: chunk first + i into stage i % stages
+    const int c = first + i, tokens = min(kChunkTokens, len - c * kChunkTokens);
+    const std::uint32_t bytes = std::uint32_t(tokens) * kMlaRowDim * 2;
+    dev::barrier_arrive_expect(&bars[i % stages], bytes);
+    const __nv_bfloat16* src = a.pages + (std::int64_t(page_ids[i]) * kMlaPageTokens + (c % 2) * kChunkTokens) * kMlaRowDim;
+    dev::bulk_copy_to_shared(chunks + (i % stages) * kChunkBytes, src, bytes, &bars[i % stages]);
+  };
+  if (tid == 0)
+    for (int i = 0; i < min(count, stages); ++i) issue(i);
+  std::uint32_t seen = 0;  // a word of each chunk, so the copies are consumed
+  for (int i = 0; i < count; ++i) {
+    dev::barrier_wait(&bars[i % stages], (i / stages) & 1u);
+    seen ^= reinterpret_cast<const std::uint32_t*>(chunks + (i % stages) * kChunkBytes)[tid];
+    __syncthreads();
+    if (tid == 0 && i + stages < count) issue(i + stages);
+  }
+  // The partial: 32 x 512 bf16 (4 KB per pass of the block) and the LSEs.
+  constexpr int kPartialWords = kChainHeads * kMlaLatentDim / 8;  // uint4 = 8 bf16
+  uint4* part = reinterpret_cast<uint4*>(a.partial + std::int64_t(b) * kChainHeads * kMlaLatentDim);
+  for (int i = tid; i < kPartialWords; i += blockDim.x) part[i] = make_uint4(seen, seen + i, seen, i);
+  if (tid < kChainHeads) a.partial_lse[b * kChainHeads + tid] = float(seen & 0xFF) * 1e-3f + tid;
+  if (a.stage == ChainStage::kNoMerge) return;
+  // Every block's partial is complete before any block merges (release / acquire on the counter).
+  __syncthreads();
+  if (tid == 0) {
+    __threadfence();
+    const unsigned old = atomicAdd(a.counter, 1u);
+    const unsigned target = (old / unsigned(G) + 1u) * unsigned(G);
+    unsigned now;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(a.counter) : "memory");
+    } while (int(now - target) < 0);
+  }
+  __syncthreads();
+  // This block's slice of the outputs (consecutive columns, a head's at 4K): the LSE-weighted
+  // sum over every partial. Thread t reads 8 columns of partials t / 16, t / 16 + 16, ... (their
+  // loads in flight together); the 16 groups' sums meet in shared memory.
+  constexpr int kGroups = 16, kMaxSlice = 128;
+  __shared__ float lse_of[kMaxBlocks];
+  __shared__ float sums[kGroups][kMaxSlice], dens[kGroups];
+  const int outputs = kChainHeads * kMlaLatentDim, per_block = min((outputs + 8 * G - 1) / (8 * G) * 8, kMaxSlice);
+  const int e0 = b * per_block, head = min(e0, outputs - 1) / kMlaLatentDim;
+  if (tid < G) lse_of[tid] = __ldcg(a.partial_lse + tid * kChainHeads + head);
+  __syncthreads();
+  float max_lse = -INFINITY;
+  for (int j = 0; j < G; ++j) max_lse = fmaxf(max_lse, lse_of[j]);
+  const int group = tid / kGroups, col8 = tid % kGroups;  // 16 threads x 8 columns = 128 columns
+  float num[8] = {}, den = 0.f;
+  if (col8 * 8 < per_block && e0 + col8 * 8 < outputs) {
+#pragma unroll 8
+    for (int j = group; j < G; j += kGroups) {
+      const float w = __expf(lse_of[j] - max_lse);
+      const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(a.partial + std::int64_t(j) * outputs + e0) + col8);
+      const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        num[2 * i] += w * __uint_as_float(words[i] << 16);
+        num[2 * i + 1] += w * __uint_as_float(words[i] & 0xFFFF0000u);
+      }
+      den += w;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sums[group][col8 * 8 + i] = num[i];
+    if (col8 == 0) dens[group] = den;
+  }
+  __syncthreads();
+  if (tid < per_block && e0 + tid < outputs) {
+    float n = 0.f, d = 0.f;
+    for (int g = 0; g < kGroups; ++g) n += sums[g][tid], d += dens[g];
+    a.out[e0 + tid] = n / d;
+  }
+}
+
+void BM_MlaChainProbe(benchmark::State& state) {
+  const int len = int(state.range(0));
+  const auto stage = ChainStage(state.range(1));
+  const int stages = int(state.range(2));
+  const int pages = (len + kMlaPageTokens - 1) / kMlaPageTokens;
+  const std::size_t cache_bytes = std::size_t(pages) * kMlaPageTokens * kMlaRowDim * 2;
+  const int copies = rotation_count(cache_bytes);
+  DeviceMemory pool(cache_bytes * copies);
+  fill_bf16<<<2048, 256>>>(pool.as<__nv_bfloat16>(), cache_bytes * copies / 2, 11);
+  BENCH_CUDA(cudaGetLastError());
+  int sms = 0;
+  BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int chunks = (len + kChunkTokens - 1) / kChunkTokens, grid = std::min({sms, chunks, kMaxBlocks});
+  if ((chunks + grid - 1) / grid > kMaxChainChunks) {
+    state.SkipWithError("more chunks per block than the probe holds");
+    return;
+  }
+  std::vector<std::int32_t> table(pages);  // the pages in a shuffled order
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), std::mt19937(7));
+  DeviceMemory d_table(table.size() * 4), d_len(4), partial(std::size_t(grid) * kChainHeads * kMlaLatentDim * 2),
+      partial_lse(std::size_t(grid) * kChainHeads * 4), out(kChainHeads * kMlaLatentDim * 4), counter(4);
+  BENCH_CUDA(cudaMemcpy(d_table.ptr, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(d_len.ptr, &len, 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemset(counter.ptr, 0, 4));
+  const int smem = stages * kChunkBytes;
+  BENCH_CUDA(cudaFuncSetAttribute(mla_chain_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  ChainProbeArgs args{nullptr, d_table.as<std::int32_t>(), d_len.as<std::int32_t>(), partial.as<__nv_bfloat16>(),
+                      partial_lse.as<float>(), out.as<float>(), counter.as<unsigned>(), stage, stages};
+  time_graph(state, [&](int i, cudaStream_t st) {
+    ChainProbeArgs a = args;
+    a.pages = pool.as<__nv_bfloat16>() + (cache_bytes / 2) * (i % copies);
+    mla_chain_probe_kernel<<<grid, 256, smem, st>>>(a);
+    BENCH_CUDA(cudaGetLastError());
+  }, std::max(copies, 8), double(len) * kMlaRowDim * 2);
+  state.counters["blocks"] = grid;
+  static const char* const labels[] = {"chain: len, page ids, rows, partial, grid barrier, merge (no math)",
+                                       "chain up to the partial write (no merge)", "empty kernel, same grid"};
+  state.SetLabel(labels[int(stage)]);
+}
+BENCHMARK(BM_MlaChainProbe)->ArgsProduct({{4096, 32768}, {0, 1, 2}, {4}})->ArgNames({"S", "stage", "stages"})->UseManualTime();
+BENCHMARK(BM_MlaChainProbe)->ArgsProduct({{32768}, {0, 1}, {2, 6}})->ArgNames({"S", "stage", "stages"})->UseManualTime();
 
 }  // namespace
 }  // namespace encore
