@@ -34,7 +34,12 @@ namespace encore::moe {
 inline constexpr int kStreamUnits = 64;       // (matrix, row) units per item: 8 warps x 8 groups
 inline constexpr int kUnitsPerWarp = kStreamUnits / kWarpsPerBlock;
 inline constexpr int kMaxRingStages = 8;
-inline constexpr int kActBuffers = 2;
+#ifndef ENCORE_MOE_ACT_BUFFERS
+#define ENCORE_MOE_ACT_BUFFERS 2
+#endif
+// Activation buffers per block: items whose activations are in flight. H200 A/B (bench/RESULTS.md):
+// 3 or 4 took 4-6% off B = 8 and cost 2.5-6% at B = 64 (their smem comes out of the weight rings).
+inline constexpr int kActBuffers = ENCORE_MOE_ACT_BUFFERS;
 static_assert(kWarpsPerBlock * 8 == kStreamUnits && kTokensPerPass <= kWarpsPerBlock);
 static_assert(kStreamUnits == 2 * kGateUpRows && kStreamUnits == kDownRows);
 
