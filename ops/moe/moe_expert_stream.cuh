@@ -44,10 +44,11 @@ static_assert(kWarpsPerBlock * 8 == kStreamUnits && kTokensPerPass <= kWarpsPerB
 static_assert(kStreamUnits == 2 * kGateUpRows && kStreamUnits == kDownRows);
 
 // Compile-time tuning (H200 A/B in bench/RESULTS.md): stream blocks per SM, and the most K
-// blocks per stage (one bulk copy per unit and stage). Two blocks per SM beat one at every batch
-// (Kimi layer B = 32: 282 vs 363 us): a block's items run their epilogues and activation waits in
-// series, and a second block fills those gaps. Stages of up to 9 blocks (longer copies) gained
-// 2-5% at one block per SM but leave no room for two. Batches of at most kTokensPerPass tokens
+// blocks per stage (a TMA box's width: at most 7, the box's 256-word limit). Two blocks per SM
+// beat one at every batch (Kimi layer B = 32: 282 vs 363 us): a block's items run their epilogues
+// and activation waits in series, and a second block fills those gaps. Stages of up to 9 blocks
+// (longer copies) gained 2-5% at one block per SM but leave no room for two; stages of 5 with TMA
+// boxes lost 7-13% from B = 32 (fewer ring stages fit). Batches of at most kTokensPerPass tokens
 // may run both kernels at 3 blocks per SM instead (the launcher's small-batch plan, ops/moe/moe.cu).
 #ifndef ENCORE_MOE_STREAM_BLOCKS_PER_SM
 #define ENCORE_MOE_STREAM_BLOCKS_PER_SM 2
@@ -57,6 +58,7 @@ static_assert(kStreamUnits == 2 * kGateUpRows && kStreamUnits == kDownRows);
 #endif
 inline constexpr int kStreamBlocksPerSm = ENCORE_MOE_STREAM_BLOCKS_PER_SM;
 inline constexpr int kMaxStageBlocks = ENCORE_MOE_MAX_STAGE_BLOCKS;
+static_assert(gemv::stage_pitch(kMaxStageBlocks) / 4 <= 256, "a stage is one TMA box row: at most 256 words");
 
 // K blocks per stage: the fewest stages of at most kMaxStageBlocks blocks, split evenly (9 -> 3 + 3 + 3).
 __host__ __device__ constexpr int stream_stage_blocks(int k_blocks) {
