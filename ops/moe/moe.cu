@@ -196,7 +196,7 @@ Status plan_streams(const DeviceLimits& dev, const MoeExpertsParams& a, StreamPl
 
 // The streams' tensor maps: every expert's rows (routed, then shared) of each matrix as 4-byte
 // words, boxes of one warp's rows x one stage.
-Status encode_stream_maps(const moe::StreamShape& shape, const char* const (&mats)[2], int rows, std::int64_t row_bytes,
+Status encode_stream_maps(const moe::StreamShape& shape, const void* const (&mats)[2], int rows, std::int64_t row_bytes,
                           moe::StreamMaps& maps) {
   static const char* const names[2][2] = {{"down", "down"}, {"gate", "up"}};
   for (int m = 0; m < shape.matrices(); ++m)
@@ -469,13 +469,6 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
 
   char* ws = static_cast<char*>(a.workspace);
   ExpertsTileParams p{};
-  p.gate = reinterpret_cast<const char*>(a.gate);
-  p.up = reinterpret_cast<const char*>(a.up);
-  p.down = reinterpret_cast<const char*>(a.down);
-  p.up_row_bytes = q4k::row_bytes(a.hidden);
-  p.down_row_bytes = q4k::row_bytes(a.inter);
-  p.up_matrix_bytes = p.up_row_bytes * a.inter;
-  p.down_matrix_bytes = p.down_row_bytes * a.hidden;
   p.num_experts = a.num_experts;
   p.num_shared = a.num_shared;
   p.top_k = a.top_k;
@@ -505,10 +498,11 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   p.act_mid = ws + layout.act_mid;
   p.y = reinterpret_cast<float*>(ws + layout.y);
 
+  // Gate and up: [E+S][inter] rows of hidden / 256 blocks; down: [E+S][hidden] rows of inter / 256.
   const int matrices = a.num_experts + a.num_shared;
   moe::StreamMaps gate_up_maps{}, down_maps{};
-  ENCORE_RETURN_IF_ERROR(encode_stream_maps(plan.gate_up, {p.gate, p.up}, matrices * a.inter, p.up_row_bytes, gate_up_maps));
-  ENCORE_RETURN_IF_ERROR(encode_stream_maps(plan.down, {p.down, nullptr}, matrices * a.hidden, p.down_row_bytes, down_maps));
+  ENCORE_RETURN_IF_ERROR(encode_stream_maps(plan.gate_up, {a.gate, a.up}, matrices * a.inter, q4k::row_bytes(a.hidden), gate_up_maps));
+  ENCORE_RETURN_IF_ERROR(encode_stream_maps(plan.down, {a.down, nullptr}, matrices * a.hidden, q4k::row_bytes(a.inter), down_maps));
 
   // The general plan's grids depend on max_batch only, so one capture at max_batch serves any
   // routing; the small-batch plan (in-block lists) is the batch's own.

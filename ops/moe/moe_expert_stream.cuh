@@ -15,8 +15,9 @@
 // K stages through a ring of shared-memory buffers per warp: one TMA box per matrix and stage
 // (the warp's rows x the stage's K blocks, through a tensor map of all experts' rows), completion
 // on one mbarrier per buffer; a warp refills a buffer as soon as it is done with it. (One bulk
-// copy per row, issued lane by lane, took a quarter of the kernels' instructions at B = 32.) The entries' activations arrive through two block-wide buffers, one bulk copy per
-// entry; warp 0 refills one after the block barrier that ends its item. Bytes in flight cost no
+// copy per row, issued lane by lane, took a quarter of the kernels' instructions at B = 32.) The
+// entries' activations arrive through kActBuffers block-wide buffers, one bulk copy per entry;
+// warp 0 refills one after the block barrier that ends its item. Bytes in flight cost no
 // registers, so one block keeps several stages of the next items in flight.
 // The math is the GEMV's quad core (gemv/q4k_stream.cuh): lane p of a group decodes 64 weights of
 // a block once and dots them with each entry's int8 activations, in K order; a group's four
@@ -212,9 +213,9 @@ struct ExpertStream {
       for (int k = 0; k < kActBuffers; ++k) issue_activations(k);
   }
 
-  // Warp-wide: the calling warp's next stage (fill_item, fill_stage) into its buffer `to`: lane 0
-  // issues one box per matrix (the warp's box_rows() rows from item row group row w * 64 / NMAT
-  // + warp * box_rows()).
+  // Warp-wide: the calling warp's next stage (fill_item, fill_stage) into its buffer `to`. Lane 0
+  // issues one box per matrix: the warp's box_rows() rows of the item's row group, the stage's K
+  // blocks.
   __device__ void fill_next(int to) {
     if (fill_item >= items) return;
     const int4 item = s.items[fill_item];

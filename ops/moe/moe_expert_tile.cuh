@@ -32,14 +32,8 @@ inline constexpr int kDownRows = 64;         // output rows per down item (and p
 inline constexpr int kMaxPlanExperts = ops::kMaxMoeExperts + ops::kMaxMoeShared;
 inline constexpr int kPlanScanItems = (kMaxPlanExperts + kBlockThreads - 1) / kBlockThreads;
 
+// (The expert weights reach the stream kernels as tensor maps: moe_expert_stream.cuh, StreamMaps.)
 struct ExpertsTileParams {
-  const char* gate;              // [E+S][inter][hidden/256] Q4_K
-  const char* up;
-  const char* down;              // [E+S][hidden][inter/256] Q4_K
-  std::int64_t up_matrix_bytes;  // inter * hidden/256 * 144
-  std::int64_t down_matrix_bytes;
-  std::int64_t up_row_bytes;     // hidden/256 * 144
-  std::int64_t down_row_bytes;   // inter/256 * 144
   int num_experts, num_shared, top_k;
   int hidden, inter;
   int hidden_blocks, inter_blocks;  // hidden/256, inter/256
