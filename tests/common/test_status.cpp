@@ -43,6 +43,13 @@ TEST(Checks, TensorMapRejectsBadLayouts) {
   EXPECT_EQ(detail::encode_tensor_map_2d_b16(&map, buf, 576, 64, 1160, 64, 64, "t").code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(detail::encode_tensor_map_2d_b16(&map, buf, 576, 0, 1152, 64, 64, "t").code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(detail::encode_tensor_map_2d_b16(&map, buf, 576, 64, 1152, 32, 64, "t").code(), StatusCode::kInvalidArgument);
+  // Plain boxes of 4-byte words (the MoE expert streams): 4..256 words, a multiple of 4, 1..256 rows.
+  EXPECT_EQ(detail::encode_tensor_map_2d_words(&map, nullptr, 324, 64, 1296, 108, 4, "t").code(), StatusCode::kNullPointer);
+  EXPECT_EQ(detail::encode_tensor_map_2d_words(&map, buf + 4, 324, 64, 1296, 108, 4, "t").code(), StatusCode::kMisaligned);
+  EXPECT_EQ(detail::encode_tensor_map_2d_words(&map, buf, 324, 64, 1300, 108, 4, "t").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(detail::encode_tensor_map_2d_words(&map, buf, 324, 64, 1296, 260, 4, "t").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(detail::encode_tensor_map_2d_words(&map, buf, 324, 64, 1296, 106, 4, "t").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(detail::encode_tensor_map_2d_words(&map, buf, 324, 64, 1296, 108, 0, "t").code(), StatusCode::kInvalidArgument);
 }
 
 TEST(Checks, InvalidatedCaptureIsAFailedStream) {
