@@ -196,13 +196,12 @@ Status plan_streams(const DeviceLimits& dev, const MoeExpertsParams& a, StreamPl
 
 // The streams' tensor maps: every expert's rows (routed, then shared) of each matrix as 4-byte
 // words, boxes of one warp's rows x one stage.
-Status encode_stream_maps(const moe::StreamShape& shape, const void* const (&mats)[2], int rows, std::int64_t row_bytes,
-                          moe::StreamMaps& maps) {
-  static const char* const names[2][2] = {{"down", "down"}, {"gate", "up"}};
+Status encode_stream_maps(const moe::StreamShape& shape, const void* const (&mats)[2], const char* const (&names)[2], int rows,
+                          std::int64_t row_bytes, moe::StreamMaps& maps) {
   for (int m = 0; m < shape.matrices(); ++m)
     ENCORE_RETURN_IF_ERROR(detail::encode_tensor_map_2d_words(&maps.mat[m], mats[m], std::uint64_t(row_bytes / 4), std::uint64_t(rows),
                                                               std::uint64_t(row_bytes), std::uint32_t(shape.pitch() / 4),
-                                                              std::uint32_t(shape.box_rows()), names[shape.matrices() - 1][m]));
+                                                              std::uint32_t(shape.box_rows()), names[m]));
   return {};
 }
 
@@ -501,8 +500,10 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   // Gate and up: [E+S][inter] rows of hidden / 256 blocks; down: [E+S][hidden] rows of inter / 256.
   const int matrices = a.num_experts + a.num_shared;
   moe::StreamMaps gate_up_maps{}, down_maps{};
-  ENCORE_RETURN_IF_ERROR(encode_stream_maps(plan.gate_up, {a.gate, a.up}, matrices * a.inter, q4k::row_bytes(a.hidden), gate_up_maps));
-  ENCORE_RETURN_IF_ERROR(encode_stream_maps(plan.down, {a.down, nullptr}, matrices * a.hidden, q4k::row_bytes(a.inter), down_maps));
+  ENCORE_RETURN_IF_ERROR(encode_stream_maps(plan.gate_up, {a.gate, a.up}, {"gate", "up"}, matrices * a.inter, q4k::row_bytes(a.hidden),
+                                            gate_up_maps));
+  ENCORE_RETURN_IF_ERROR(encode_stream_maps(plan.down, {a.down, nullptr}, {"down", nullptr}, matrices * a.hidden, q4k::row_bytes(a.inter),
+                                            down_maps));
 
   // The general plan's grids depend on max_batch only, so one capture at max_batch serves any
   // routing; the small-batch plan (in-block lists) is the batch's own.
