@@ -11,8 +11,8 @@ namespace encore::pipeline {
 namespace {
 
 __global__ void __launch_bounds__(kBlockThreads) embed_kernel(const __grid_constant__ EmbedParams p) {
-  encore::device::wait_for_upstream();  // token ids may come from an upstream kernel
-  for (int row = blockIdx.x; row < p.batch; row += gridDim.x) device::embed_tile(p, row);
+  encore::device::PdlWait wait{false};
+  device::embed_body(p, encore::device::GridRange{}, wait);
   encore::device::allow_downstream();
 }
 

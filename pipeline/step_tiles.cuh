@@ -6,6 +6,7 @@
 
 #include <encore/pipeline/stage_params.h>
 
+#include "common/body.cuh"
 #include "common/launch.cuh"
 
 namespace encore::pipeline::device {
@@ -23,6 +24,13 @@ __device__ inline void embed_tile(const EmbedParams& p, int row) {
     const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
     dst[i] = make_float4(a.x, a.y, b.x, b.y);
   }
+}
+
+// The embed body (common/body.cuh): token ids may come from an upstream kernel.
+template <class Range, class Wait>
+__device__ inline void embed_body(const EmbedParams& p, const Range& r, Wait& wait) {
+  wait();
+  for (int row = r.first(); row < p.batch; row += r.stride()) embed_tile(p, row);
 }
 
 }  // namespace encore::pipeline::device

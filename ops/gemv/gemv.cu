@@ -7,6 +7,7 @@
 
 #include "common/cuda_check.h"
 #include "common/launch.cuh"
+#include "gemv/gemv_plan.h"
 #include "gemv/gemv_tile.cuh"
 
 namespace encore::ops {
@@ -26,16 +27,10 @@ constexpr int kMinBlocksPerSm = NTOK * NMAT * gemv::rows_per_group(NTOK, NMAT) >
 template <int NTOK, int NMAT>
 __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm<NTOK, NMAT>) gemv_kernel(const __grid_constant__ GemvTileParams p) {
   extern __shared__ __align__(16) char smem[];
-  const gemv::GemvSmem s(smem, p, NTOK, NMAT);
-  const std::int64_t tiles = gemv::num_tiles(p);
   // The first `stages` weight copies of every warp are in flight before the wait for the
-  // upstream kernel (weights never depend on it). No separate L2 prefetch: measured slower (v5).
-  gemv::TileState state;
-  state.pipe = gemv::start_weight_pipe<NMAT>(p, s, blockIdx.x, gridDim.x);
-  device::wait_for_upstream();
-  device::allow_downstream();
-  for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x)
-    gemv::gemv_tile<NTOK, NMAT, gemv::rows_per_group(NTOK, NMAT)>(p, tile, s, state);
+  // upstream kernel (weights never depend on it). No separate L2 prefetch: measured slower.
+  device::PdlWait wait;
+  gemv::gemv_body<NTOK, NMAT, false>(p, device::GridRange{}, smem, wait);
 }
 
 // The int8 tensor-core core (8 or 16 tokens): row groups of kMmaTileRows rows, each group's K
@@ -43,13 +38,8 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm<NTOK, NMAT>) ge
 template <int NTOK, int NMAT>
 __global__ void __launch_bounds__(kBlockThreads, 2) gemv_mma_kernel(const __grid_constant__ GemvTileParams p) {
   extern __shared__ __align__(16) char smem[];
-  const gemv::GemvSmem s(smem, p, NTOK, NMAT);
-  const std::int64_t tiles = gemv::num_tiles(p);
-  gemv::TileState state;
-  state.pipe = gemv::start_weight_pipe<NMAT, true>(p, s, blockIdx.x, gridDim.x);
-  device::wait_for_upstream();
-  device::allow_downstream();
-  for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) gemv::gemv_tile_mma<NTOK, NMAT>(p, tile, s, state);
+  device::PdlWait wait;
+  gemv::gemv_body<NTOK, NMAT, true>(p, device::GridRange{}, smem, wait);
 }
 
 // The token-count tier a batch runs in: the kernels are instantiated for 1, 2, 4, 8 and 16 tokens.
@@ -74,12 +64,12 @@ std::size_t smem_bytes(const GemvTileParams& p, int ntok, int nmat) { return gem
 int plan_memory(GemvTileParams& p, int ntok, int nmat) {
   p.chunk_blocks = p.k_blocks;
   for (int blocks = 2; blocks >= 1; --blocks)
-    for (int stages = gemv::kMaxStages; stages >= 2; --stages) {
+    for (int stages = gemv::kLaunchMaxStages; stages >= 2; --stages) {
       p.stages = stages;
       if (smem_bytes(p, ntok, nmat) <= (blocks == 2 ? kSmemTwoPerSm : kSmemOnePerSm)) return blocks;
     }
   // Activations in chunks of whole stages, as many as fit beside the deepest ring that leaves room.
-  for (int stages = gemv::kMaxStages; stages >= 2; --stages) {
+  for (int stages = gemv::kLaunchMaxStages; stages >= 2; --stages) {
     p.stages = stages;
     p.chunk_blocks = 0;
     const std::size_t fixed = smem_bytes(p, ntok, nmat);
@@ -196,8 +186,7 @@ bool plan_mma_if_chosen(GemvTileParams& p, int ntok, int nmat, const GemvLaunch&
 
 // The device-dependent plan (row split, stages) of p for ntok tokens and its shared memory.
 // Validation runs it too, so a shape the device cannot hold fails before any stage launches.
-Status plan_launch(GemvTileParams& p, int ntok, int nmat, std::size_t& smem, const GemvLaunch& launch) {
-  const int sms = detail::sm_count();
+Status plan_launch(GemvTileParams& p, int ntok, int nmat, std::size_t& smem, const GemvLaunch& launch, int sms) {
   if (!plan_mma_if_chosen(p, ntok, nmat, launch, sms)) plan(p, ntok, nmat, sms);
   smem = smem_bytes(p, ntok, nmat);
   ENCORE_REQUIRE(smem <= kSmemOnePerSm, StatusCode::kUnsupported, "q4k gemv: n = ", p.n, ", k = ", p.k_blocks * 256,
@@ -205,7 +194,7 @@ Status plan_launch(GemvTileParams& p, int ntok, int nmat, std::size_t& smem, con
   return {};
 }
 
-Status launch_gemv(GemvTileParams p, int nmat, cudaStream_t stream, GemvLaunch options) {
+Status check_options(const GemvLaunch& options) {
   ENCORE_REQUIRE(options.core == GemvCore::kAuto || options.core == GemvCore::kDp4a || options.core == GemvCore::kMma,
                  StatusCode::kInvalidArgument, "q4k gemv: GemvLaunch::core must be kAuto, kDp4a or kMma (got ",
                  int(options.core), ")");
@@ -213,22 +202,44 @@ Status launch_gemv(GemvTileParams p, int nmat, cudaStream_t stream, GemvLaunch o
                      options.mma_k_parts == 8,
                  StatusCode::kInvalidArgument, "q4k gemv: GemvLaunch::mma_k_parts must be 0 (auto), 1, 2, 4 or 8 (got ",
                  options.mma_k_parts, ")");
-  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
-  const int sms = detail::sm_count();
+  return {};
+}
+
+// The device-ready plan of validated params p (mat, out, epilogue set) for a device of `sms` SMs.
+Status plan_params(GemvTileParams p, int nmat, const GemvLaunch& options, int sms, gemv::GemvPlan* out) {
+  ENCORE_RETURN_IF_ERROR(check_options(options));
   return dispatch_tokens(p.batch, [&](auto ntok) -> Status {
     constexpr int kTok = decltype(ntok)::value;
     std::size_t smem = 0;
-    ENCORE_RETURN_IF_ERROR(plan_launch(p, kTok, nmat, smem, options));
-    auto kernel = nmat == 2 ? gemv_kernel<kTok, 2> : gemv_kernel<kTok, 1>;
-    if constexpr (kTok >= 8)
-      if (p.mma) kernel = nmat == 2 ? gemv_mma_kernel<kTok, 2> : gemv_mma_kernel<kTok, 1>;
-    if (smem > 48 * 1024)
-      ENCORE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    ENCORE_RETURN_IF_ERROR(plan_launch(p, kTok, nmat, smem, options, sms));
+    *out = {p, nmat, kTok, smem};
+    return {};
+  });
+}
+
+template <int kTok>
+auto kernel_of(const gemv::GemvPlan& plan) {
+  auto kernel = plan.matrices == 2 ? gemv_kernel<kTok, 2> : gemv_kernel<kTok, 1>;
+  if constexpr (kTok >= 8)
+    if (plan.params.mma) kernel = plan.matrices == 2 ? gemv_mma_kernel<kTok, 2> : gemv_mma_kernel<kTok, 1>;
+  return kernel;
+}
+
+Status launch_gemv(const GemvTileParams& p, int nmat, cudaStream_t stream, GemvLaunch options) {
+  ENCORE_RETURN_IF_ERROR(check_options(options));
+  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
+  const int sms = detail::sm_count();
+  gemv::GemvPlan plan;
+  ENCORE_RETURN_IF_ERROR(plan_params(p, nmat, options, sms, &plan));
+  return dispatch_tokens(p.batch, [&](auto ntok) -> Status {
+    auto kernel = kernel_of<decltype(ntok)::value>(plan);
+    if (plan.smem > 48 * 1024)
+      ENCORE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem)));
     int per_sm = 0;
-    ENCORE_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBlockThreads, smem));
-    const std::int64_t tiles = gemv::num_tiles(p);
+    ENCORE_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBlockThreads, plan.smem));
+    const std::int64_t tiles = gemv::num_tiles(plan.params);
     const int grid = int(std::min<std::int64_t>(tiles, std::int64_t(std::max(per_sm, 1)) * sms));
-    return detail::launch(kernel, grid, smem, stream, options.pdl, "q4k gemv kernel", p);
+    return detail::launch(kernel, grid, plan.smem, stream, options.pdl, "q4k gemv kernel", plan.params);
   });
 }
 
@@ -311,7 +322,7 @@ Status check_plan(const Shape& s, int nmat) {
   std::size_t smem = 0;
   GemvLaunch dp4a;
   dp4a.core = GemvCore::kDp4a;
-  return dispatch_tokens(s.batch, [&](auto ntok) { return plan_launch(p, decltype(ntok)::value, nmat, smem, dp4a); });
+  return dispatch_tokens(s.batch, [&](auto ntok) { return plan_launch(p, decltype(ntok)::value, nmat, smem, dp4a, detail::sm_count()); });
 }
 
 }  // namespace
@@ -337,14 +348,20 @@ Status q4k_gemv_validate(const Q4kGemvParams& a) {
   return validate_io("q4k_gemv: weight", s, w, 1, a.x, nullptr, outs, 1, a.residual, nullptr);
 }
 
-Status q4k_gemv(const Q4kGemvParams& a, cudaStream_t stream, GemvLaunch options) {
-  ENCORE_RETURN_IF_ERROR(q4k_gemv_validate(a));
+namespace {
+GemvTileParams tile_params(const Q4kGemvParams& a) {
   GemvTileParams p = base_params(shape_of(a), a.x, nullptr, 0.f);
   p.mat[0] = reinterpret_cast<const char*>(a.weight);
   p.out[0] = a.y;
   p.residual = a.residual;
   p.epilogue = gemv::Epilogue::kStore;
-  return launch_gemv(p, 1, stream, options);
+  return p;
+}
+}  // namespace
+
+Status q4k_gemv(const Q4kGemvParams& a, cudaStream_t stream, GemvLaunch options) {
+  ENCORE_RETURN_IF_ERROR(q4k_gemv_validate(a));
+  return launch_gemv(tile_params(a), 1, stream, options);
 }
 
 Status rmsnorm_q4k_gemv_validate(const RmsNormQ4kGemvParams& a) {
@@ -358,15 +375,21 @@ Status rmsnorm_q4k_gemv_validate(const RmsNormQ4kGemvParams& a) {
   return validate_io("rmsnorm_q4k_gemv: weight", s, w, 1, a.x, a.gamma, outs, 1, a.residual, a.normalized);
 }
 
-Status rmsnorm_q4k_gemv(const RmsNormQ4kGemvParams& a, cudaStream_t stream, GemvLaunch options) {
-  ENCORE_RETURN_IF_ERROR(rmsnorm_q4k_gemv_validate(a));
+namespace {
+GemvTileParams tile_params(const RmsNormQ4kGemvParams& a) {
   GemvTileParams p = base_params(shape_of(a), a.x, a.gamma, a.eps);
   p.mat[0] = reinterpret_cast<const char*>(a.weight);
   p.out[0] = a.y;
   p.residual = a.residual;
   p.normalized = a.normalized;
   p.epilogue = gemv::Epilogue::kStore;
-  return launch_gemv(p, 1, stream, options);
+  return p;
+}
+}  // namespace
+
+Status rmsnorm_q4k_gemv(const RmsNormQ4kGemvParams& a, cudaStream_t stream, GemvLaunch options) {
+  ENCORE_RETURN_IF_ERROR(rmsnorm_q4k_gemv_validate(a));
+  return launch_gemv(tile_params(a), 1, stream, options);
 }
 
 Status gate_up_q4k_gemv_validate(const GateUpQ4kGemvParams& a) {
@@ -381,15 +404,38 @@ Status gate_up_q4k_gemv_validate(const GateUpQ4kGemvParams& a) {
   return validate_io("gate_up_q4k_gemv: gate/up", s, w, 2, a.x, a.gamma, outs, raw ? 2 : 1, nullptr, nullptr);
 }
 
-Status gate_up_q4k_gemv(const GateUpQ4kGemvParams& a, cudaStream_t stream, GemvLaunch options) {
-  ENCORE_RETURN_IF_ERROR(gate_up_q4k_gemv_validate(a));
+namespace {
+GemvTileParams tile_params(const GateUpQ4kGemvParams& a) {
   GemvTileParams p = base_params(shape_of(a), a.x, a.gamma, a.eps);
   p.mat[0] = reinterpret_cast<const char*>(a.gate);
   p.mat[1] = reinterpret_cast<const char*>(a.up);
   p.out[0] = a.h;
   p.out[1] = a.up_out;
   p.epilogue = a.output == GateUpOutput::kRaw ? gemv::Epilogue::kRaw : gemv::Epilogue::kSiluMul;
-  return launch_gemv(p, 2, stream, options);
+  return p;
+}
+}  // namespace
+
+Status gate_up_q4k_gemv(const GateUpQ4kGemvParams& a, cudaStream_t stream, GemvLaunch options) {
+  ENCORE_RETURN_IF_ERROR(gate_up_q4k_gemv_validate(a));
+  return launch_gemv(tile_params(a), 2, stream, options);
 }
 
 }  // namespace encore::ops
+
+namespace encore::gemv {
+
+Status plan_op(const ops::Q4kGemvParams& a, int sms, GemvPlan* out, ops::GemvLaunch options) {
+  ENCORE_RETURN_IF_ERROR(ops::q4k_gemv_validate(a));
+  return ops::plan_params(ops::tile_params(a), 1, options, sms, out);
+}
+Status plan_op(const ops::RmsNormQ4kGemvParams& a, int sms, GemvPlan* out, ops::GemvLaunch options) {
+  ENCORE_RETURN_IF_ERROR(ops::rmsnorm_q4k_gemv_validate(a));
+  return ops::plan_params(ops::tile_params(a), 1, options, sms, out);
+}
+Status plan_op(const ops::GateUpQ4kGemvParams& a, int sms, GemvPlan* out, ops::GemvLaunch options) {
+  ENCORE_RETURN_IF_ERROR(ops::gate_up_q4k_gemv_validate(a));
+  return ops::plan_params(ops::tile_params(a), 2, options, sms, out);
+}
+
+}  // namespace encore::gemv

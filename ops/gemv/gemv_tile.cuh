@@ -23,6 +23,9 @@
 
 #include <cstdint>
 
+#include <encore/q4k.h>
+
+#include "common/body.cuh"
 #include "common/launch.cuh"
 #include "gemv/activation_q8.cuh"
 #include "gemv/q4k_mma.cuh"
@@ -55,7 +58,7 @@ struct GemvTileParams {
   int rows_per_warp;          // W = row_groups * RL (RL = rows_per_group of the instantiation)
   int row_groups;             // G: 1, 2, 4 or 8 (8 / G groups split K)
   int stage_blocks;           // K blocks per pipeline stage: stage_blocks_for(G, RL, matrices)
-  int stages;                 // ring depth per warp, 2..kMaxStages
+  int stages;                 // ring depth per warp, 2..kMaxStages (launchers plan up to kLaunchMaxStages)
   int chunk_blocks;           // K blocks quantised per shared-memory pass (k_blocks, or a multiple of stage_blocks)
   bool mma;                   // int8 tensor-core core: row groups of kMmaTileRows rows, K split over the warps
   int mma_part_bits;          // mma core: log2 of the warps per row group (K parts: 1, 2, 4 or 8)
@@ -65,7 +68,10 @@ inline constexpr int kMaxTokens = 16;
 // Rows of an mma-core row group (the M of one m16n8k32). A tile is kWarpsPerBlock >> mma_part_bits
 // row groups; the 1 << mma_part_bits warps of a group stream its rows, each over its own K part.
 inline constexpr int kMmaTileRows = 16;
-inline constexpr int kMaxStages = 4;
+// Ring depth: the launchers plan up to 4 stages (two blocks per SM share the SM's shared memory);
+// the megakernel, with one block per SM, deepens the same plan up to 8 (the depth changes no bits).
+inline constexpr int kLaunchMaxStages = 4;
+inline constexpr int kMaxStages = 8;
 // (row, block) items per group and stage: one matrix 4, gate/up 2. Larger stages mean fewer,
 // longer bulk copies (the planner then keeps fewer stages in the same shared memory). H200 A/B, one
 // matrix, 2 -> 4 items: lm_head b1 75.4 -> 62.5 us, b4 185 -> 146, q/k/v b1 4.03 -> 3.78, Llama up
@@ -110,7 +116,7 @@ __host__ __device__ constexpr int stage_bytes(int nmat, int rows_per_warp, int s
   return nmat * rows_per_warp * stage_pitch(stage_blocks);
 }
 
-// Shared memory of a block: barriers [warps][kMaxStages] | weight rings [warps][stages][stage]
+// Shared memory of a block: barriers [warps][stages] | weight rings [warps][stages][stage]
 // | activations [ntok][chunk_blocks] | sum(x^2) per (token, block) | running sum per token | 1/rms.
 struct GemvSmem {
   std::uint64_t* bars;
@@ -123,7 +129,7 @@ struct GemvSmem {
 
   __host__ __device__ GemvSmem(char* base, const GemvTileParams& p, int ntok, int nmat) {
     device::SmemAllocator a(base);
-    bars = a.take<std::uint64_t>(kWarpsPerBlock * kMaxStages);
+    bars = a.take<std::uint64_t>(kWarpsPerBlock * p.stages);
     stage_size = stage_bytes(nmat, p.rows_per_warp, p.stage_blocks);
     ring_bytes_per_warp = p.stages * stage_size;
     ring = a.take<char>(std::size_t(kWarpsPerBlock) * ring_bytes_per_warp);
@@ -201,7 +207,7 @@ __device__ WeightPipe start_weight_pipe(const GemvTileParams& p, const GemvSmem&
                                         std::int64_t tile_stride) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   WeightPipe pipe;
-  pipe.bars = s.bars + warp * kMaxStages;
+  pipe.bars = s.bars + warp * p.stages;
   pipe.ring = s.ring + std::size_t(warp) * s.ring_bytes_per_warp;
   pipe.stage_size = s.stage_size;
   pipe.next_tile = first_tile;
@@ -526,6 +532,28 @@ __device__ void gemv_tile_mma(const GemvTileParams& p, std::int64_t tile, const 
     if (row < p.n && token < p.batch) detail::store_output(p, s, row, token, sum[0], sum[NMAT - 1]);
   }
   detail::store_normalized(p, s, tile);
+}
+
+// The GEMV body (common/body.cuh): every warp's weight ring starts on the block's tiles (weights
+// only), then the wait, the tiles, and (when another body follows) the ring's barriers are
+// invalidated: every copy the ring issued was consumed. MMA: the int8 tensor-core core (NTOK >= 8).
+template <int NTOK, int NMAT, bool MMA, class Range, class Wait>
+__device__ void gemv_body(const GemvTileParams& p, const Range& r, char* smem, Wait& wait) {
+  const GemvSmem s(smem, p, NTOK, NMAT);
+  const std::int64_t tiles = num_tiles(p);
+  TileState state;
+  state.pipe = start_weight_pipe<NMAT, MMA>(p, s, r.first(), r.stride());
+  wait();
+  for (std::int64_t tile = r.first(); tile < tiles; tile += r.stride()) {
+    if constexpr (MMA)
+      gemv_tile_mma<NTOK, NMAT>(p, tile, s, state);
+    else
+      gemv_tile<NTOK, NMAT, rows_per_group(NTOK, NMAT)>(p, tile, s, state);
+  }
+  if constexpr (Wait::kSharedMemoryReused) {
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) device::barrier_inval(state.pipe.bars, p.stages);
+  }
 }
 
 }  // namespace encore::gemv

@@ -12,23 +12,14 @@
 namespace encore::ops {
 namespace {
 
-// One block per (sequence, head) tile (grid = tiles).
+// One block per (sequence, head) tile (grid = tiles). Before the wait: only what does not depend
+// on the previous kernel (weights, settled states, or L2 hints for them; adding the hints to the
+// settled path cost 2-3% at B = 8-32).
 template <int HeadDim>
 __global__ void __launch_bounds__(kBlockThreads, 2) kda_kernel(const __grid_constant__ KdaParams p) {
   extern __shared__ __align__(16) char smem[];
-  const int tile = blockIdx.x;
-  // Before the wait: only what does not depend on the previous kernel: weights, settled states
-  // (or L2 hints for them; adding the hints to the settled path cost 2-3% at B = 8-32).
-  device::kda::tile_issue_weight_copy<HeadDim>(p, tile, smem);
-  device::kda::SlotInputs<HeadDim> in;
-  if (p.state_settled)
-    device::kda::tile_load_slot<HeadDim>(p, tile, in);
-  else
-    device::kda::tile_prefetch_state<HeadDim>(p, tile);
-  device::wait_for_upstream();   // proj and the error flag (and unsettled slot ids and states) come from upstream
-  device::allow_downstream();    // dependents still wait for our completion before reading
-  if (!p.state_settled) device::kda::tile_load_slot<HeadDim>(p, tile, in);
-  device::kda::tile<HeadDim>(p, tile, smem, true, in);
+  device::PdlWait wait;  // dependents still wait for our completion before reading
+  device::kda_body<HeadDim>(p, device::BlockTile{}, smem, wait);
 }
 
 // ORs KdaError bits for the batch's slot ids into *flag (sticky). One block; O(batch^2 / 256).

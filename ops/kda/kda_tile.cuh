@@ -1,5 +1,5 @@
 // KDA decode device body: one tile = one (sequence, head), 256 threads = 8 warps x (V/8) v-rows.
-// Used by the standalone kernel (kda.cu) and by the megakernel. Math: shared/specs/kda.md §3.
+// Used by the standalone kernel (kda.cu) and by the megakernel (kda_body). Math: shared/specs/kda.md §3.
 //
 // Order inside a tile (every phase reads only what the tile owns, so tiles never race):
 //   0. copy the head's W_fb and W_gb rows (2 x K x rank bf16, 64 KiB for Kimi-Linear) into shared
@@ -34,6 +34,7 @@
 #include <encore/ops/kda.h>
 
 #include "common/async_copy.cuh"
+#include "common/body.cuh"
 #include "common/launch.cuh"
 
 namespace encore::device {
@@ -264,9 +265,12 @@ __device__ __forceinline__ void tile_load_slot(const ops::KdaParams& p, int tile
 
 // weights_issued: tile_issue_weight_copy() already ran for this tile (the kernel prologue does it
 // for its first tile, before griddepcontrol.wait); `in`: tile_load_slot() of this tile.
+// next_tile >= 0: once the gates are computed the gate weights' buffer is free, so the copy of
+// that tile's weights (and an L2 prefetch of its state) starts under this tile's state pass.
+// Returns whether it did (a pad or flagged tile returns before).
 template <int HeadDim>
-__device__ __forceinline__ void tile(const ops::KdaParams& p, int tile_index, char* smem_base, bool weights_issued,
-                                     SlotInputs<HeadDim>& in) {
+__device__ __forceinline__ bool tile(const ops::KdaParams& p, int tile_index, char* smem_base, bool weights_issued,
+                                     SlotInputs<HeadDim>& in, int next_tile = -1) {
   using T = Traits<HeadDim>;
   constexpr int D = HeadDim, E = T::kLaneElems, R = T::kRowsPerWarp;
   const TilePlace at(p, tile_index, D);
@@ -302,7 +306,7 @@ __device__ __forceinline__ void tile(const ops::KdaParams& p, int tile_index, ch
     // Pad row: y = 0. Failed slot check or out-of-range id: no state write, y = NaN.
     const float fill = (slot < 0 && !flagged) ? 0.f : __int_as_float(0x7fffffff);
     for (int j = tid; j < D; j += kBlockThreads) y_head[j] = fill;
-    return;
+    return false;
   }
   const Smem sm = Smem::carve(smem_base, D, p.gate_rank);
   float* state = p.recurrent_state + (std::int64_t(slot) * H + head) * D * D;
@@ -366,6 +370,10 @@ __device__ __forceinline__ void tile(const ops::KdaParams& p, int tile_index, ch
     }
   }
   __syncthreads();
+  if (next_tile >= 0) {  // every thread is done with the gate weights
+    tile_issue_weight_copy<D>(p, next_tile, smem_base);
+    tile_prefetch_state<D>(p, next_tile);
+  }
   const LaneVec<E> alpha = load_shared<E>(sm.alpha + lane * E);
 
   // 3. state pass. Partial sums per lane: sums[r] = p_v partial, sums[R + r] = (s'.q) partial of row
@@ -407,22 +415,37 @@ __device__ __forceinline__ void tile(const ops::KdaParams& p, int tile_index, ch
     const float inv_rms = 1.f / sqrtf(ss / float(D) + p.norm_eps);
     y_head[tid] = sm.o[tid] * inv_rms * p.o_norm_weight[tid] * sm.gate[tid];
   }
+  return next_tile >= 0;
 }
 
 }  // namespace kda
 
-// Megakernel entry: one (sequence, head) tile, any head_dim the launcher accepts.
-template <int HeadDim>
-__device__ __forceinline__ void kda_tile(const ops::KdaParams& p, int tile, char* smem) {
+// The KDA body (common/body.cuh), one (sequence, head) per tile: the first tile's gate weights
+// and, when settled, its slot state are in flight before the wait; a block with several tiles
+// starts each next tile's weights under the previous tile's state pass.
+template <int HeadDim, class Range, class Wait>
+__device__ void kda_body(const ops::KdaParams& p, const Range& r, char* smem, Wait& wait) {
+  const int tiles = p.batch * p.num_heads;
+  int tile = r.first();
+  if (tile >= tiles) return;
+  kda::tile_issue_weight_copy<HeadDim>(p, tile, smem);
   kda::SlotInputs<HeadDim> in;
-  kda::tile_load_slot<HeadDim>(p, tile, in);
-  kda::tile<HeadDim>(p, tile, smem, false, in);
-}
-__device__ __forceinline__ void kda_tile(const ops::KdaParams& p, int tile, char* smem) {
-  if (p.head_dim == 128)
-    kda_tile<128>(p, tile, smem);
+  if (p.state_settled)
+    kda::tile_load_slot<HeadDim>(p, tile, in);
   else
-    kda_tile<64>(p, tile, smem);
+    kda::tile_prefetch_state<HeadDim>(p, tile);
+  wait();  // proj and the error flag (and unsettled slot ids and states) come from upstream
+  if (!p.state_settled) kda::tile_load_slot<HeadDim>(p, tile, in);
+  if constexpr (Range::kOneTile) {
+    kda::tile<HeadDim>(p, tile, smem, true, in);
+  } else {  // each tile starts the next one's weights under its own state pass
+    auto next_of = [&](int t) { return t + r.stride() < tiles ? t + r.stride() : -1; };
+    bool issued = kda::tile<HeadDim>(p, tile, smem, true, in, next_of(tile));
+    for (tile += r.stride(); tile < tiles; tile += r.stride()) {
+      kda::tile_load_slot<HeadDim>(p, tile, in);
+      issued = kda::tile<HeadDim>(p, tile, smem, issued, in, next_of(tile));
+    }
+  }
 }
 
 }  // namespace encore::device

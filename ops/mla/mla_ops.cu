@@ -16,44 +16,36 @@ using namespace encore::ops::mla;
 
 __global__ void __launch_bounds__(kBlockThreads) mla_sched_kernel(const __grid_constant__ MlaSchedParams p) {
   extern __shared__ __align__(16) char smem[];
-  encore::device::wait_for_upstream();
-  mla_sched_tile(p, 0, smem);
+  encore::device::PdlWait wait{false};
+  mla_sched_body(p, encore::device::GridRange{}, smem, wait);
   encore::device::allow_downstream();
 }
 
+// Dependents start right after the wait: split-KV with a settled plan starts its older pages
+// during the append (its own wait still covers the newest rows written here).
 __global__ void __launch_bounds__(kBlockThreads) mla_kv_append_kernel(const __grid_constant__ MlaKvAppendParams p) {
-  encore::device::wait_for_upstream();
-  // Early: split-KV with a settled plan starts its older pages during the append (its own wait
-  // still covers the newest rows written here).
-  encore::device::allow_downstream();
-  for (int tile = blockIdx.x; tile < p.num_seqs; tile += gridDim.x) {
-    mla_kv_append_tile(p, tile, nullptr);
-    __syncthreads();
-  }
+  extern __shared__ __align__(16) char smem[];
+  encore::device::PdlWait wait;
+  mla_kv_append_body(p, encore::device::GridRange{}, smem, wait);
 }
 
 __global__ void __launch_bounds__(kBlockThreads) mla_q_absorb_kernel(const __grid_constant__ MlaQAbsorbParams p) {
   extern __shared__ __align__(16) char smem[];
-  encore::device::wait_for_upstream();
-  const int tiles = p.num_heads * QAbsorbConfig::kGroups;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    mla_q_absorb_tile(p, tile, smem);
-    __syncthreads();
-  }
+  encore::device::PdlWait wait{false};
+  mla_q_absorb_body(p, encore::device::GridRange{}, smem, wait);
   encore::device::allow_downstream();
 }
 
 __global__ void __launch_bounds__(kBlockThreads) mla_combine_kernel(const __grid_constant__ MlaAttentionParams p) {
   extern __shared__ __align__(16) char smem[];
-  encore::device::wait_for_upstream();
-  const int tiles = p.num_seqs * p.num_heads * CombineConfig::slices(p.num_seqs);
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) mla_combine_tile(p, tile, smem);
+  encore::device::PdlWait wait{false};
+  mla_combine_body(p, encore::device::GridRange{}, smem, wait);
   encore::device::allow_downstream();
 }
 
 __global__ void __launch_bounds__(kBlockThreads) mla_v_up_kernel(const __grid_constant__ MlaVUpParams p) {
-  const int tiles = p.num_heads * VUpConfig::kGroups;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) mla_v_up_tile(p, tile, nullptr);  // waits inside
+  encore::device::PdlWait wait{false};
+  mla_v_up_body(p, encore::device::GridRange{}, wait);
   encore::device::allow_downstream();
 }
 
@@ -74,7 +66,7 @@ Status mla_sched(const MlaSchedParams& p, cudaStream_t stream) {
 Status mla_kv_append(const MlaKvAppendParams& p, cudaStream_t stream) {
   ENCORE_RETURN_IF_ERROR(mla_validate(p));
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
-  return detail::launch(mla_kv_append_kernel, grid_for(p.num_seqs, 8), 0, stream, true, "mla_kv_append_kernel", p);
+  return detail::launch(mla_kv_append_kernel, grid_for(p.num_seqs, 8), mla_kv_append_smem_bytes(), stream, true, "mla_kv_append_kernel", p);
 }
 
 int mla_q_absorb_num_tiles(const MlaQAbsorbParams& p) { return p.num_heads * QAbsorbConfig::kGroups; }

@@ -9,10 +9,14 @@
 
 namespace encore::ops {
 
+Status mla::encode_pages_map(const MlaPagedCache& cache, CUtensorMap* map) {
+  return detail::encode_tensor_map_2d_b16(map, cache.pages, kMlaRowDim, std::uint64_t(cache.num_pages) * kMlaPageTokens,
+                                          kMlaRowDim * 2, SplitKvConfig::kBlockCols, kMlaPageTokens, "mla cache.pages");
+}
+
 Status mla::splitkv_args(const MlaAttentionParams& p, SplitKvArgs* args) {
   args->p = p;
-  return detail::encode_tensor_map_2d_b16(&args->pages, p.cache.pages, kMlaRowDim, std::uint64_t(p.cache.num_pages) * kMlaPageTokens,
-                                          kMlaRowDim * 2, SplitKvConfig::kBlockCols, kMlaPageTokens, "mla cache.pages");
+  return encode_pages_map(p.cache, &args->pages);
 }
 
 int mla_splitkv_num_tiles(const MlaAttentionParams& p) { return p.num_parts * mla::head_groups(p.num_heads); }

@@ -16,15 +16,11 @@ template <SplitKvVariant kVariant = SplitKvVariant::kOp, bool kFusedCombine = fa
 __global__ void __launch_bounds__(kBlockThreads, 1) mla_splitkv_kernel(const __grid_constant__ SplitKvArgs args) {
   extern __shared__ __align__(1024) char smem[];  // (the body aligns it itself too)
   const MlaAttentionParams& p = args.p;
-  detail_splitkv::PageStages stages = detail_splitkv::page_stages_init(&args.pages, smem);
-  if (!p.plan_settled) encore::device::wait_for_upstream();  // else each tile waits after starting its first pages
-  encore::device::allow_downstream();  // the combine's own wait still covers all of this grid
-  const int tiles = p.num_parts * head_groups(p.num_heads);
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    mla_splitkv_tile<kVariant, kFusedCombine>(p, tile, smem, stages);
-    encore::device::fence_proxy_async();  // this tile's generic writes to the stages, before the next tile's copies
-    __syncthreads();
-  }
+  // The combine's own wait still covers all of this grid. Settled plan: dependents start now and
+  // each tile waits after starting its first pages; else the body waits first, then releases them.
+  if (p.plan_settled) encore::device::allow_downstream();
+  encore::device::PdlWait wait{!p.plan_settled};
+  mla_splitkv_body<kVariant, kFusedCombine>(p, &args.pages, encore::device::GridRange{}, smem, wait);
 }
 
 }  // namespace encore::ops::mla

@@ -44,6 +44,8 @@ struct SplitKvArgs {
   CUtensorMap pages;
 };
 Status splitkv_args(const MlaAttentionParams& p, SplitKvArgs* args);  // (mla_splitkv.cu)
+// The page pool's tensor map alone (for callers that keep it elsewhere: the megakernel's table).
+Status encode_pages_map(const MlaPagedCache& cache, CUtensorMap* map);
 
 // How the tile moves pages and which phases it runs. kOp is the op; the others exist for the
 // benchmark's account of the time (loads without the math; the math without loads after the

@@ -20,6 +20,7 @@
 
 #include <encore/ops/mla.h>
 
+#include "common/body.cuh"
 #include "common/launch.cuh"
 #include "common/wgmma.cuh"
 #include "mla/mla_device.cuh"
@@ -241,10 +242,11 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
 // One tile: every (request, page range) of part tile / groups, heads of group tile % groups.
 // kFusedCombine: the tiles of a split request merge its partials themselves (fused_pair_merge or
 // fused_combine; needs p.counters and all tiles co-resident, which the launcher guarantees).
-// The kernel waits for upstream before the tile unless p.plan_settled; then the tile waits itself,
-// after starting its settled first pages.
-template <SplitKvVariant kVariant = SplitKvVariant::kOp, bool kFusedCombine = false>
-__device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, char* smem_base, detail_splitkv::PageStages& st) {
+// The body waits before the tile unless p.plan_settled; then the tile waits itself (wait(), the
+// body's policy), after starting its settled first pages.
+template <SplitKvVariant kVariant = SplitKvVariant::kOp, bool kFusedCombine = false, class Wait>
+__device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, char* smem_base, detail_splitkv::PageStages& st,
+                                        Wait& wait) {
   using namespace detail_splitkv;
   const int groups = head_groups(p.num_heads);
   const int part = tile / groups, group = tile % groups;
@@ -254,7 +256,7 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
   RequestPages started{};
   if (p.plan_settled) {
     started = start_settled_pages(p, meta, smem_base, st);
-    encore::device::wait_for_upstream();
+    wait();
   }
   // Read once, block-uniform: split-KV itself may OR in kMlaErrorPageId while other tiles run (or
   // this tile's thread 0 just did, in start_settled_pages), and the fused tiles must all keep the
@@ -291,6 +293,24 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
     if (first_split && !fused_pair(p, begin_req))
       fused_combine(p, begin_req, group, meta[kMetaBeginSplit], !flagged, fused_counter(p, begin_req, group), stages);
   }
+}
+
+// The split-KV body (common/body.cuh): the page stages' barriers, then every tile of the range;
+// `pages` is the page pool's tensor map (a kernel parameter, or the megakernel's table in global
+// memory). With a settled plan each tile starts its first pages before it waits.
+template <SplitKvVariant kVariant = SplitKvVariant::kOp, bool kFusedCombine = false, class Range, class Wait>
+__device__ inline void mla_splitkv_body(const MlaAttentionParams& p, const CUtensorMap* pages, const Range& r, char* smem,
+                                        Wait& wait) {
+  detail_splitkv::PageStages stages = detail_splitkv::page_stages_init(pages, smem);
+  if (!p.plan_settled) wait();
+  const int tiles = p.num_parts * head_groups(p.num_heads);
+  for (int tile = r.first(); tile < tiles; tile += r.stride()) {
+    mla_splitkv_tile<kVariant, kFusedCombine>(p, tile, smem, stages, wait);
+    encore::device::fence_proxy_async();  // this tile's generic writes to the stages, before the next tile's copies
+    __syncthreads();
+  }
+  if constexpr (Wait::kSharedMemoryReused)
+    if (threadIdx.x == 0) encore::device::barrier_inval(stages.full, SplitKvConfig::kStages);
 }
 
 }  // namespace encore::ops::mla

@@ -10,6 +10,7 @@
 
 #include <encore/ops/mla.h>
 
+#include "common/body.cuh"
 #include "common/launch.cuh"
 #include "mla/mla_combine.cuh"
 #include "mla/mla_device.cuh"
@@ -21,13 +22,28 @@ namespace encore::ops::mla {
 // Validates the device-resident lengths, positions and page ids, then builds the tape plan of
 // mla_plan.h in parallel: a block scan of the request costs, a block scan of the split counts,
 // and one independent binary search per part. Thread t owns requests [t per, (t+1) per).
-inline std::size_t mla_sched_smem_bytes(int num_seqs) { return (std::size_t(num_seqs) + 1) * sizeof(int) + 64; }
+struct SchedSmem {
+  using Scan = cub::BlockScan<int, kBlockThreads>;
+  int* start;  // [num_seqs + 1]: tape start of each request
+  int* flag;
+  typename Scan::TempStorage* scan;
+  std::size_t bytes;
+  __host__ __device__ SchedSmem(char* base, int num_seqs) {
+    encore::device::SmemAllocator a(base);
+    start = a.take<int>(std::size_t(num_seqs) + 1);
+    flag = a.take<int>(1);
+    scan = a.take<typename Scan::TempStorage>(1, alignof(typename Scan::TempStorage));
+    bytes = a.used();
+  }
+};
+inline std::size_t mla_sched_smem_bytes(int num_seqs) { return SchedSmem(nullptr, num_seqs).bytes; }
 
 __device__ inline void mla_sched_tile(const MlaSchedParams& p, int /*tile*/, char* smem) {
-  int* start = reinterpret_cast<int*>(smem);  // [num_seqs + 1]: tape start of each request
-  __shared__ int flag;
-  using Scan = cub::BlockScan<int, kBlockThreads>;
-  __shared__ typename Scan::TempStorage scan_storage;
+  const SchedSmem sm(smem, p.num_seqs);
+  int* start = sm.start;
+  int& flag = *sm.flag;
+  using Scan = SchedSmem::Scan;
+  typename Scan::TempStorage& scan_storage = *sm.scan;
   if (threadIdx.x == 0) flag = 0;
   __syncthreads();
   const int n = p.num_seqs, C = p.fixed_overhead;
@@ -73,7 +89,21 @@ __device__ inline void mla_sched_tile(const MlaSchedParams& p, int /*tile*/, cha
 }
 
 // ---- cache append (tile = request) -------------------------------------------------------------
-__device__ inline void mla_kv_append_tile(const MlaKvAppendParams& p, int tile, char* /*smem*/) {
+struct KvAppendSmem {
+  using Reduce = cub::BlockReduce<float, kBlockThreads>;
+  typename Reduce::TempStorage* reduce;
+  float* inv_rms;
+  std::size_t bytes;
+  __host__ __device__ explicit KvAppendSmem(char* base) {
+    encore::device::SmemAllocator a(base);
+    reduce = a.take<typename Reduce::TempStorage>(1, alignof(typename Reduce::TempStorage));
+    inv_rms = a.take<float>(1);
+    bytes = a.used();
+  }
+};
+inline std::size_t mla_kv_append_smem_bytes() { return KvAppendSmem(nullptr).bytes; }
+
+__device__ inline void mla_kv_append_tile(const MlaKvAppendParams& p, int tile, char* smem) {
   if (device::step_flagged(p.error_flag)) return;
   const int req = tile;
   const int len = p.seq_lens[req];
@@ -87,10 +117,9 @@ __device__ inline void mla_kv_append_tile(const MlaKvAppendParams& p, int tile, 
   const float* in = p.kv_a + std::int64_t(req) * p.kv_a_stride;
 
   const float2 c = *reinterpret_cast<const float2*>(in + 2 * threadIdx.x);  // 256 threads x 2 = 512
-  using Reduce = cub::BlockReduce<float, kBlockThreads>;
-  __shared__ typename Reduce::TempStorage reduce_storage;
-  __shared__ float inv_rms;
-  const float sumsq = Reduce(reduce_storage).Sum(c.x * c.x + c.y * c.y);
+  const KvAppendSmem sm(smem);
+  float& inv_rms = *sm.inv_rms;
+  const float sumsq = KvAppendSmem::Reduce(*sm.reduce).Sum(c.x * c.x + c.y * c.y);
   if (threadIdx.x == 0) inv_rms = 1.f / sqrtf(sumsq / kMlaLatentDim + p.eps);
   __syncthreads();
   const float2 w = *reinterpret_cast<const float2*>(p.norm_weight + 2 * threadIdx.x);
@@ -202,7 +231,9 @@ struct VUpConfig {
   static constexpr int kRowsPerWarp = kRows / kWarpsPerBlock;  // 4
 };
 
-__device__ inline void mla_v_up_tile(const MlaVUpParams& p, int tile, char* /*smem*/) {
+// The tile loads its weights, then calls wait() (o_lat comes from the combine).
+template <class Wait>
+__device__ inline void mla_v_up_tile(const MlaVUpParams& p, int tile, Wait& wait) {
   using Cfg = VUpConfig;
   const int head = tile / Cfg::kGroups, group = tile % Cfg::kGroups;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -215,7 +246,7 @@ __device__ inline void mla_v_up_tile(const MlaVUpParams& p, int tile, char* /*sm
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       w[r][h] = *reinterpret_cast<const uint4*>(w_uv + std::int64_t(r) * kMlaLatentDim + h * 256 + lane * 8);
-  encore::device::wait_for_upstream();  // o_lat comes from the combine
+  wait();
   for (int n = 0; n < p.num_seqs; ++n) {
     const float* o = p.o_lat + (std::int64_t(n) * p.num_heads + head) * kMlaLatentDim;
     float x[2][8];
@@ -246,6 +277,46 @@ __device__ inline void mla_v_up_tile(const MlaVUpParams& p, int tile, char* /*sm
       *reinterpret_cast<float4*>(p.out + std::int64_t(n) * p.num_heads * kMlaVHeadDim + head * kMlaVHeadDim + row0) =
           make_float4(dot[0], dot[1], dot[2], dot[3]);
   }
+}
+
+// ---- bodies (common/body.cuh) --------------------------------------------------------------------
+// The small stages read nothing before their wait but v_up, whose weights go to registers first.
+template <class Range, class Wait>
+__device__ inline void mla_sched_body(const MlaSchedParams& p, const Range& r, char* smem, Wait& wait) {
+  wait();
+  if (r.first() == 0) mla_sched_tile(p, 0, smem);
+}
+
+template <class Range, class Wait>
+__device__ inline void mla_kv_append_body(const MlaKvAppendParams& p, const Range& r, char* smem, Wait& wait) {
+  wait();
+  for (int tile = r.first(); tile < p.num_seqs; tile += r.stride()) {
+    mla_kv_append_tile(p, tile, smem);
+    __syncthreads();
+  }
+}
+
+template <class Range, class Wait>
+__device__ inline void mla_q_absorb_body(const MlaQAbsorbParams& p, const Range& r, char* smem, Wait& wait) {
+  wait();
+  const int tiles = p.num_heads * QAbsorbConfig::kGroups;
+  for (int tile = r.first(); tile < tiles; tile += r.stride()) {
+    mla_q_absorb_tile(p, tile, smem);
+    __syncthreads();
+  }
+}
+
+template <class Range, class Wait>
+__device__ inline void mla_combine_body(const MlaAttentionParams& p, const Range& r, char* smem, Wait& wait) {
+  wait();
+  const int tiles = p.num_seqs * p.num_heads * CombineConfig::slices(p.num_seqs);
+  for (int tile = r.first(); tile < tiles; tile += r.stride()) mla_combine_tile(p, tile, smem);
+}
+
+template <class Range, class Wait>
+__device__ inline void mla_v_up_body(const MlaVUpParams& p, const Range& r, Wait& wait) {
+  const int tiles = p.num_heads * VUpConfig::kGroups;
+  for (int tile = r.first(); tile < tiles; tile += r.stride()) mla_v_up_tile(p, tile, wait);
 }
 
 }  // namespace encore::ops::mla

@@ -9,6 +9,7 @@
 #include "common/tensor_map.h"
 #include "moe/moe_expert_stream.cuh"
 #include "moe/moe_expert_tile.cuh"
+#include "moe/moe_plan.h"
 #include "moe/moe_router_tile.cuh"
 
 namespace encore::ops {
@@ -20,45 +21,23 @@ using moe::RouterTopkParams;
 
 // ---- kernels ------------------------------------------------------------------------------------
 
-// Router weights never depend on the previous kernel: pull this tile's rows into L2 before the
-// PDL wait so the fetch overlaps the previous kernel's tail.
-__device__ void prefetch_router_rows(const RouterGemvParams& p, int tile) {
-  const int expert = (tile / p.slices) * moe::kRouterRowsPerTile + int(threadIdx.x);
-  if (threadIdx.x >= moe::kRouterRowsPerTile || expert >= p.num_experts) return;
-  const int kb0 = (tile % p.slices) * moe::kRouterSliceBlocks;
-  const int nb = min(moe::kRouterSliceBlocks, p.hidden_blocks - kb0);
-  const int elem = p.weight_bf16 ? 2 : 4;
-  const char* src = static_cast<const char*>(p.weight) + (std::int64_t(expert) * p.hidden_blocks + kb0) * 256 * elem;
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(std::uint32_t(nb * 256 * elem)) : "memory");
-}
-
 __global__ void __launch_bounds__(kBlockThreads) router_gemv_kernel(const __grid_constant__ RouterGemvParams p) {
-  const int tiles = moe::router_gemv_tiles(p);
-  if (int(blockIdx.x) < tiles) prefetch_router_rows(p, blockIdx.x);
-  device::wait_for_upstream();
-  device::allow_downstream();
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) moe::router_gemv_tile(p, tile);
+  device::PdlWait wait;
+  moe::router_gemv_body(p, device::GridRange{}, wait);
 }
 
 template <int P>
 __global__ void __launch_bounds__(kBlockThreads) router_topk_kernel(const __grid_constant__ RouterTopkParams p) {
   extern __shared__ __align__(16) char smem[];
-  device::wait_for_upstream();
-  device::allow_downstream();
-  const int warp = threadIdx.x / 32;
-  float* choice = reinterpret_cast<float*>(smem) + warp * p.config.num_experts;
-  for (int tile = blockIdx.x; tile < moe::router_topk_tiles(p.batch); tile += gridDim.x) {
-    const int token = tile * kWarpsPerBlock + warp;
-    if (token < p.batch) moe::router_topk_warp<P>(p, token, choice);
-  }
+  device::PdlWait wait;
+  moe::router_topk_body<P>(p, device::GridRange{}, smem, wait);
 }
 
 // Prepare: the work list (tile 0) and the int8 activations of h (tiles 1..).
 __global__ void __launch_bounds__(kBlockThreads) moe_prepare_kernel(const __grid_constant__ ExpertsTileParams p, int tiles) {
   extern __shared__ __align__(16) char smem[];
-  device::wait_for_upstream();
-  device::allow_downstream();
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) moe::prepare_tile(p, tile, smem);
+  device::PdlWait wait;
+  moe::prepare_body(p, tiles, device::GridRange{}, smem, wait);
 }
 
 // Gate/up and down: streaming blocks per SM as planned (their rings fill the shared memory).
@@ -68,7 +47,8 @@ __global__ void __launch_bounds__(kBlockThreads, BlocksPerSm)
     moe_gate_up_kernel(const __grid_constant__ ExpertsTileParams p, const moe::StreamShape shape,
                        const __grid_constant__ moe::StreamMaps maps) {
   extern __shared__ __align__(128) char smem[];
-  moe::gate_up_stream<kInBlock>(p, shape, maps, smem);  // waits for the routing inside
+  device::PdlWait wait;
+  moe::gate_up_body<kInBlock>(p, shape, maps, device::GridRange{}, smem, wait);  // waits for the routing inside
 }
 
 // Waits for the gate/up kernel inside the body, after its weight copies are issued.
@@ -77,7 +57,8 @@ __global__ void __launch_bounds__(kBlockThreads, BlocksPerSm)
     moe_down_kernel(const __grid_constant__ ExpertsTileParams p, const moe::StreamShape shape,
                     const __grid_constant__ moe::StreamMaps maps) {
   extern __shared__ __align__(128) char smem[];
-  moe::down_stream<kInBlock>(p, shape, maps, smem);
+  device::PdlWait wait;
+  moe::down_body<kInBlock>(p, shape, maps, device::GridRange{}, smem, wait);
 }
 
 // ---- helpers ------------------------------------------------------------------------------------
@@ -205,6 +186,53 @@ Status encode_stream_maps(const moe::StreamShape& shape, const void* const (&mat
   return {};
 }
 
+// The device params of the expert stage for `tokens_per_pass` entries per pass (workspace pieces
+// at experts_layout's offsets).
+ExpertsTileParams experts_tile_params(const MoeExpertsParams& a, int tokens_per_pass) {
+  const ExpertsLayout layout = experts_layout(a.max_batch, a.num_experts, a.num_shared, a.top_k, a.hidden, a.inter);
+  char* ws = static_cast<char*>(a.workspace);
+  ExpertsTileParams p{};
+  p.num_experts = a.num_experts;
+  p.num_shared = a.num_shared;
+  p.top_k = a.top_k;
+  p.hidden = a.hidden;
+  p.inter = a.inter;
+  p.hidden_blocks = a.hidden / 256;
+  p.inter_blocks = a.inter / 256;
+  p.batch = a.batch;
+  p.h = a.h;
+  p.gamma = a.norm_weight;
+  p.eps = a.norm_eps;
+  p.h_settled = a.h_settled;
+  p.x = a.x;
+  p.ids = a.topk_ids;
+  p.weights = a.topk_weights;
+  p.slot_ids = a.slot_ids;
+  p.error_flag = a.error_flag;
+  p.tokens_per_pass = tokens_per_pass;
+  p.num_passes = reinterpret_cast<int*>(ws + layout.num_passes);
+  p.passes = reinterpret_cast<int4*>(ws + layout.passes);
+  p.pass_capacity = moe::max_passes(a.max_batch, a.num_experts, a.num_shared, a.top_k, 1);
+  p.entry_token = reinterpret_cast<int*>(ws + layout.entry_token);
+  p.entry_weight = reinterpret_cast<float*>(ws + layout.entry_weight);
+  p.token_entries = reinterpret_cast<int*>(ws + layout.token_entries);
+  p.chunk_done = reinterpret_cast<int*>(ws + layout.chunk_done);
+  p.act_in = ws + layout.act_in;
+  p.act_mid = ws + layout.act_mid;
+  p.y = reinterpret_cast<float*>(ws + layout.y);
+  return p;
+}
+
+// The streams' tensor maps: gate and up over [E+S][inter] rows of hidden / 256 blocks, down over
+// [E+S][hidden] rows of inter / 256.
+Status encode_experts_maps(const MoeExpertsParams& a, const moe::StreamShape& gate_up, const moe::StreamShape& down,
+                           moe::StreamMaps& gate_up_maps, moe::StreamMaps& down_maps) {
+  const int matrices = a.num_experts + a.num_shared;
+  ENCORE_RETURN_IF_ERROR(encode_stream_maps(gate_up, {a.gate, a.up}, {"gate", "up"}, matrices * a.inter, q4k::row_bytes(a.hidden),
+                                            gate_up_maps));
+  return encode_stream_maps(down, {a.down, nullptr}, {"down", nullptr}, matrices * a.hidden, q4k::row_bytes(a.inter), down_maps);
+}
+
 Status validate_batch(const char* op, int batch, int max_batch) {
   ENCORE_REQUIRE(max_batch >= 1 && max_batch <= kMaxMoeBatch, StatusCode::kInvalidArgument, op, ": max_batch must be in [1, ",
                  kMaxMoeBatch, "] (got ", max_batch, ")");
@@ -330,11 +358,11 @@ Status moe_router_validate(const MoeRouterParams& a) {
   return {};
 }
 
-Status moe_router(const MoeRouterParams& a, cudaStream_t stream) {
-  ENCORE_RETURN_IF_ERROR(moe_router_validate(a));
-  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
-
-  RouterGemvParams g{};
+namespace {
+// The two kernels' device params (validated a).
+moe::RouterPlan router_plan(const MoeRouterParams& a) {
+  moe::RouterPlan r{};
+  RouterGemvParams& g = r.gemv;
   g.weight = a.weight;
   g.weight_bf16 = a.weight_dtype == MoeRouterDtype::kBf16;
   g.h = a.h;
@@ -345,10 +373,20 @@ Status moe_router(const MoeRouterParams& a, cudaStream_t stream) {
   g.num_experts = a.config.num_experts;
   g.partial = static_cast<float*>(a.workspace);
   g.sum_squares = g.partial + std::size_t(g.slices) * a.batch * g.num_experts;
-  ENCORE_RETURN_IF_ERROR(detail::launch(router_gemv_kernel, moe::router_gemv_tiles(g), 0, stream, true, "moe router gemv kernel", g));
-  RouterTopkParams t = topk_params(a.config, g.partial, g.slices, a.bias, a.batch, a.topk_ids, a.topk_weights, a.logits, a.slot_ids);
-  if (a.norm_weight) t.sum_squares = g.sum_squares, t.hidden = a.hidden, t.eps = a.norm_eps;
-  return launch_topk(t, stream);
+  r.topk = topk_params(a.config, g.partial, g.slices, a.bias, a.batch, a.topk_ids, a.topk_weights, a.logits, a.slot_ids);
+  if (a.norm_weight) r.topk.sum_squares = g.sum_squares, r.topk.hidden = a.hidden, r.topk.eps = a.norm_eps;
+  r.topk_lane_width = moe::topk_lane_width(a.config.num_experts);
+  r.topk_smem = moe::router_topk_smem_bytes(a.config.num_experts);
+  return r;
+}
+}  // namespace
+
+Status moe_router(const MoeRouterParams& a, cudaStream_t stream) {
+  ENCORE_RETURN_IF_ERROR(moe_router_validate(a));
+  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
+  const moe::RouterPlan r = router_plan(a);
+  ENCORE_RETURN_IF_ERROR(detail::launch(router_gemv_kernel, moe::router_gemv_tiles(r.gemv), 0, stream, true, "moe router gemv kernel", r.gemv));
+  return launch_topk(r.topk, stream);
 }
 
 Status moe_topk_validate(const MoeTopkParams& a) {
@@ -466,44 +504,9 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   StreamPlan plan;
   ENCORE_RETURN_IF_ERROR(plan_streams(current_limits(), a, plan));
 
-  char* ws = static_cast<char*>(a.workspace);
-  ExpertsTileParams p{};
-  p.num_experts = a.num_experts;
-  p.num_shared = a.num_shared;
-  p.top_k = a.top_k;
-  p.hidden = a.hidden;
-  p.inter = a.inter;
-  p.hidden_blocks = a.hidden / 256;
-  p.inter_blocks = a.inter / 256;
-  p.batch = a.batch;
-  p.h = a.h;
-  p.gamma = a.norm_weight;
-  p.eps = a.norm_eps;
-  p.h_settled = a.h_settled;
-  p.x = a.x;
-  p.ids = a.topk_ids;
-  p.weights = a.topk_weights;
-  p.slot_ids = a.slot_ids;
-  p.error_flag = a.error_flag;
-  p.tokens_per_pass = plan.tokens;
-  p.num_passes = reinterpret_cast<int*>(ws + layout.num_passes);
-  p.passes = reinterpret_cast<int4*>(ws + layout.passes);
-  p.pass_capacity = moe::max_passes(a.max_batch, a.num_experts, a.num_shared, a.top_k, 1);
-  p.entry_token = reinterpret_cast<int*>(ws + layout.entry_token);
-  p.entry_weight = reinterpret_cast<float*>(ws + layout.entry_weight);
-  p.token_entries = reinterpret_cast<int*>(ws + layout.token_entries);
-  p.chunk_done = reinterpret_cast<int*>(ws + layout.chunk_done);
-  p.act_in = ws + layout.act_in;
-  p.act_mid = ws + layout.act_mid;
-  p.y = reinterpret_cast<float*>(ws + layout.y);
-
-  // Gate and up: [E+S][inter] rows of hidden / 256 blocks; down: [E+S][hidden] rows of inter / 256.
-  const int matrices = a.num_experts + a.num_shared;
+  const ExpertsTileParams p = experts_tile_params(a, plan.tokens);
   moe::StreamMaps gate_up_maps{}, down_maps{};
-  ENCORE_RETURN_IF_ERROR(encode_stream_maps(plan.gate_up, {a.gate, a.up}, {"gate", "up"}, matrices * a.inter, q4k::row_bytes(a.hidden),
-                                            gate_up_maps));
-  ENCORE_RETURN_IF_ERROR(encode_stream_maps(plan.down, {a.down, nullptr}, {"down", nullptr}, matrices * a.hidden, q4k::row_bytes(a.inter),
-                                            down_maps));
+  ENCORE_RETURN_IF_ERROR(encode_experts_maps(a, plan.gate_up, plan.down, gate_up_maps, down_maps));
 
   // The general plan's grids depend on max_batch only, so one capture at max_batch serves any
   // routing; the small-batch plan (in-block lists) is the batch's own.
@@ -523,3 +526,44 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
 }
 
 }  // namespace encore::ops
+
+namespace encore::moe {
+
+Status plan_router(const ops::MoeRouterParams& a, RouterPlan* out) {
+  ENCORE_RETURN_IF_ERROR(ops::moe_router_validate(a));
+  *out = ops::router_plan(a);
+  return {};
+}
+
+Status plan_experts_for_grid(const ops::MoeExpertsParams& a, int blocks, std::size_t smem_per_block, bool in_block,
+                             ExpertsPlan* out) {
+  ENCORE_RETURN_IF_ERROR(ops::validate_experts_dims(a));
+  ENCORE_REQUIRE(blocks >= 1 && smem_per_block > 0, StatusCode::kInvalidArgument, "moe_experts: a plan needs blocks >= 1 and shared memory");
+  ENCORE_REQUIRE(!in_block || a.batch <= kTokensPerPass, StatusCode::kInvalidArgument, "moe_experts: the in-block plan takes at most ",
+                 kTokensPerPass, " tokens (got ", a.batch, ")");
+  const ops::DeviceLimits grid{blocks, smem_per_block};
+  ops::StreamPlan plan;
+  if (in_block) {
+    for (int min_stages : {ops::kWantStages, ops::kMinStages})
+      if (ops::fit_plan(grid, a, a.batch, a.batch, 1, min_stages, true, plan)) {
+        *out = {ops::experts_tile_params(a, plan.tokens), plan.gate_up, plan.down, plan.gate_up_smem, plan.down_smem};
+        return {};
+      }
+    return Status(StatusCode::kUnsupported, detail::concat("moe_experts: hidden = ", a.hidden, ", inter = ", a.inter,
+                                                           ": the in-block expert streams do not fit in ", smem_per_block, " bytes"));
+  }
+  for (int min_stages : {ops::kWantStages, ops::kMinStages})
+    for (int tokens = std::min(kTokensPerPass, a.batch); tokens >= 1; --tokens)
+      if (ops::fit_plan(grid, a, a.batch, tokens, 1, min_stages, false, plan)) {
+        *out = {ops::experts_tile_params(a, plan.tokens), plan.gate_up, plan.down, plan.gate_up_smem, plan.down_smem};
+        return {};
+      }
+  return Status(StatusCode::kUnsupported, detail::concat("moe_experts: hidden = ", a.hidden, ", inter = ", a.inter,
+                                                         ": the expert streams do not fit in ", smem_per_block, " bytes per block"));
+}
+
+Status encode_experts_maps(const ops::MoeExpertsParams& a, const ExpertsPlan& plan, StreamMaps* gate_up, StreamMaps* down) {
+  return ops::encode_experts_maps(a, plan.gate_up, plan.down, *gate_up, *down);
+}
+
+}  // namespace encore::moe

@@ -1,5 +1,5 @@
 // Streaming bodies of the expert GEMVs (specs/moe.md §5-§6). Persistent blocks (kStreamBlocksPerSm
-// per SM) walk their items (blockIdx.x, blockIdx.x + gridDim.x, ...):
+// per SM, or the megakernel's) walk their items first, first + stride, ... (common/body.cuh):
 //   gate/up item = (pass, 32 rows): the 32 gate and 32 up rows of the pass's expert for its
 //                  entries; silu(g)*u is quantised into the int8 format (one 32-value sub-block
 //                  per entry) for the down projection.
@@ -26,6 +26,7 @@
 
 #include <cstdint>
 
+#include "common/body.cuh"
 #include "gemv/gemv_tile.cuh"  // stage_pitch
 #include "gemv/q4k_stream.cuh"
 #include "moe/moe_expert_tile.cuh"
@@ -163,7 +164,8 @@ struct ExpertStream {
   // either finished before the gate/up kernel passed its PDL wait and let the down kernel start,
   // so the down kernel runs this before its own wait (global data read through L2, ld.cg).
   // start_activations() follows the wait.
-  __device__ ExpertStream(const ExpertsTileParams& p, const StreamShape& sh, const StreamMaps& maps, char* smem, int row_groups)
+  __device__ ExpertStream(const ExpertsTileParams& p, const StreamShape& sh, const StreamMaps& maps, char* smem, int row_groups,
+                          int first, int stride)
       : shape(sh), s(smem, sh), list(kInBlock ? s.list : global_work_list(p)) {
 #pragma unroll
     for (int m = 0; m < NMAT; ++m) map[m] = &maps.mat[m];
@@ -179,7 +181,7 @@ struct ExpertStream {
     }
     if constexpr (kInBlock) {
       // (only the gate/up kernel's first block reports bad ids: one writer of the flag)
-      build_work_list(p, list, *reinterpret_cast<PlanSmem*>(s.ring), NMAT == 2 && blockIdx.x == 0);
+      build_work_list(p, list, *reinterpret_cast<PlanSmem*>(s.ring), NMAT == 2 && first == 0);
       device::fence_proxy_async();  // the ring's generic writes come before its bulk copies
     }
     // The pass count and the passes this block may get load together (one round trip); entries
@@ -187,11 +189,11 @@ struct ExpertStream {
     num_passes = load_list(list.num_passes);
     const int total = num_passes * row_groups, capacity = kInBlock ? shape.list_passes : p.pass_capacity;
     for (int k = threadIdx.x; k < shape.max_items; k += kBlockThreads) {
-      const int item = int(blockIdx.x) + k * int(gridDim.x);
+      const int item = first + k * stride;
       const int4 pass = item / row_groups < capacity ? load_list(list.passes + item / row_groups) : int4{};
       if (item < total) s.items[k] = make_int4(pass.x, pass.y, pass.z, item % row_groups);
     }
-    items = total > int(blockIdx.x) ? (total - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x) : 0;
+    items = total > first ? (total - first + stride - 1) / stride : 0;
     __syncthreads();
     for (int j = 0; j < shape.stages; ++j) fill_next(j);
   }
@@ -306,6 +308,14 @@ struct ExpertStream {
   __device__ void refill_activations(int k) const {
     if (!kResidentAct && threadIdx.x / 32 == 0) issue_activations(k + kActBuffers);
   }
+
+  // Every copy has landed and been read (the caller passed a block barrier): the barriers go.
+  __device__ void invalidate_barriers() const {
+    if (threadIdx.x == 0) {
+      device::barrier_inval(s.full, kWarpsPerBlock * kMaxRingStages);
+      device::barrier_inval(s.act_full, kActBuffers);
+    }
+  }
 };
 
 // ---- gate/up ------------------------------------------------------------------------------------
@@ -313,16 +323,16 @@ struct ExpertStream {
 // Unit u = (matrix u % 2, row u / 2): a warp's groups 2i and 2i+1 hold the gate and up rows of
 // one row, so silu(g)*u is one shuffle away. The caller has not waited for the routing: a settled
 // h is quantised first (resident activations).
-template <bool kInBlock>
-__device__ inline void gate_up_stream(const ExpertsTileParams& p, const StreamShape& shape, const StreamMaps& maps, char* smem) {
+template <bool kInBlock, class Range, class Wait>
+__device__ inline void gate_up_body(const ExpertsTileParams& p, const StreamShape& shape, const StreamMaps& maps, const Range& r,
+                                    char* smem, Wait& wait) {
   if (kInBlock && p.h_settled) {
     const StreamSmem s(smem, shape);
     quantize_rows(p, 0, p.batch, s.act, s.row_partial);
   }
-  device::wait_for_upstream();  // the routing (and the work list or h) come from upstream
-  device::allow_downstream();
-  ExpertStream<2, kInBlock> stream(p, shape, maps, smem, gate_up_row_groups(p.inter));
-  if (kInBlock && blockIdx.x == 0) reset_chunk_counters(p);  // (the prepare kernel's job otherwise)
+  wait();  // the routing (and the work list or h) come from upstream
+  ExpertStream<2, kInBlock> stream(p, shape, maps, smem, gate_up_row_groups(p.inter), r.first(), r.stride());
+  if (kInBlock && r.first() == 0) reset_chunk_counters(p);  // (the prepare kernel's job otherwise)
   stream.start_activations(p);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, unit = warp * 8 + lane / 4;
   for (int k = 0; k < stream.items; ++k) {
@@ -345,16 +355,21 @@ __device__ inline void gate_up_stream(const ExpertsTileParams& p, const StreamSh
       quantize_sub_block(mid + warp * kGateUpRows, row_group % 8, stream.s.scratch + warp * gemv::kActBlockBytes,
                          p.act_mid + (std::int64_t(item.y + warp) * p.inter_blocks + row_group / 8) * gemv::kActBlockBytes);
   }
+  if constexpr (Wait::kSharedMemoryReused) {
+    __syncthreads();
+    stream.invalidate_barriers();
+  }
 }
 
 // ---- down + combine -----------------------------------------------------------------------------
 
-// The caller has not waited for the gate/up kernel: the weights start streaming first.
-template <bool kInBlock>
-__device__ inline void down_stream(const ExpertsTileParams& p, const StreamShape& shape, const StreamMaps& maps, char* smem) {
-  ExpertStream<1, kInBlock> stream(p, shape, maps, smem, down_row_chunks(p.hidden));
-  device::wait_for_upstream();  // act_mid comes from the gate/up kernel
-  device::allow_downstream();
+// The work list is settled on entry (the gate/up kernel's own wait covered its writer), so the
+// weights start streaming before the wait for act_mid.
+template <bool kInBlock, class Range, class Wait>
+__device__ inline void down_body(const ExpertsTileParams& p, const StreamShape& shape, const StreamMaps& maps, const Range& r,
+                                 char* smem, Wait& wait) {
+  ExpertStream<1, kInBlock> stream(p, shape, maps, smem, down_row_chunks(p.hidden), r.first(), r.stride());
+  wait();  // act_mid comes from the gate/up kernel
   stream.start_activations(p);
   const int lane = threadIdx.x % 32, unit = threadIdx.x / 4;
   for (int k = 0; k < stream.items; ++k) {
@@ -391,12 +406,14 @@ __device__ inline void down_stream(const ExpertsTileParams& p, const StreamShape
   }
   __syncthreads();
   const int count = chunks[0];
-  if (count == 0) return;
-  const CombineLists lists =
-      stage_combine_lists(p, stream.list, stream.s.ring + combine_chunk_list_bytes(shape.max_items));
-  __syncthreads();
-  combine_chunks(p, lists, chunks + 1, count);
-  for (int c = threadIdx.x; c < count; c += kBlockThreads) p.chunk_done[chunks[1 + c]] = 0;  // ready for the next step
+  if (count > 0) {
+    const CombineLists lists =
+        stage_combine_lists(p, stream.list, stream.s.ring + combine_chunk_list_bytes(shape.max_items));
+    __syncthreads();
+    combine_chunks(p, lists, chunks + 1, count);
+    for (int c = threadIdx.x; c < count; c += kBlockThreads) p.chunk_done[chunks[1 + c]] = 0;  // ready for the next step
+  }
+  if constexpr (Wait::kSharedMemoryReused) stream.invalidate_barriers();  // (all waits ended before the barrier above)
 }
 
 }  // namespace encore::moe

@@ -21,6 +21,9 @@
 
 #include <cub/block/block_scan.cuh>
 
+#include <encore/ops/moe.h>
+
+#include "common/body.cuh"
 #include "common/launch.cuh"
 #include "gemv/activation_q8.cuh"
 
@@ -314,6 +317,32 @@ __device__ inline void prepare_tile(const ExpertsTileParams& p, int tile, char* 
   if (t >= p.batch) return;
   quantize_rows(p, t, 1, p.act_in + std::int64_t(t) * p.hidden_blocks * gemv::kActBlockBytes, reinterpret_cast<float*>(smem));
 }
+
+// Bodies of the prepare stage (common/body.cuh). The standalone kernel runs prepare_tile's tiles;
+// the megakernel runs the list and the quantised rows as two instructions, so the rows (which need
+// only h) do not wait for the routing.
+template <class Range, class Wait>
+__device__ inline void prepare_body(const ExpertsTileParams& p, int tiles, const Range& r, char* smem, Wait& wait) {
+  wait();
+  for (int tile = r.first(); tile < tiles; tile += r.stride()) prepare_tile(p, tile, smem);
+}
+template <class Range, class Wait>
+__device__ inline void work_list_body(const ExpertsTileParams& p, const Range& r, char* smem, Wait& wait) {
+  wait();
+  if (r.first() != 0) return;  // one tile
+  reset_chunk_counters(p);
+  build_work_list(p, global_work_list(p), *reinterpret_cast<PlanSmem*>(smem), true);
+}
+template <class Range, class Wait>
+__device__ inline void quantize_body(const ExpertsTileParams& p, const Range& r, char* smem, Wait& wait) {
+  wait();
+  for (int t = r.first(); t < p.batch; t += r.stride()) {
+    quantize_rows(p, t, 1, p.act_in + std::int64_t(t) * p.hidden_blocks * gemv::kActBlockBytes, reinterpret_cast<float*>(smem));
+    __syncthreads();  // the row's partial sums are read before the next row writes them
+  }
+}
+// Shared memory of quantize_body: the per-block sums of squares of one row.
+__host__ __device__ inline std::size_t quantize_smem_bytes(int hidden) { return std::size_t(hidden / 256) * sizeof(float); }
 
 // ---- the silu(g)*u quantiser --------------------------------------------------------------------
 

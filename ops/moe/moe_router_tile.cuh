@@ -17,6 +17,7 @@
 
 #include <encore/ops/moe.h>
 
+#include "common/body.cuh"
 #include "common/launch.cuh"
 
 namespace encore::moe {
@@ -117,9 +118,9 @@ __device__ inline void router_gemv_tile(const RouterGemvParams& p, int tile) {
   }
   const bool sums = p.gamma && expert == 0;  // one warp per slice leaves the slice's sum of h^2
 
-  // kTok tokens per round: all their activation loads are issued before the first FMA (h is
-  // read-only here, so the non-coherent path may batch them). A token's sum runs in the same order
-  // whatever the batch.
+  // kTok tokens per round: all their activation loads are issued before the first FMA. h may have
+  // been written earlier in the same launch (the megakernel): coherent loads. A token's sum runs in
+  // the same order whatever the batch.
   constexpr int kTok = 4;
   for (int t0 = 0; t0 < p.batch; t0 += kTok) {
     float4 x[kTok][kRouterSliceBlocks][2];
@@ -129,8 +130,8 @@ __device__ inline void router_gemv_tile(const RouterGemvParams& p, int tile) {
       for (int b = 0; b < kRouterSliceBlocks; ++b)
         if (t0 + tt < p.batch && b < nb) {
           const float4* src = reinterpret_cast<const float4*>(p.h + (t0 + tt) * hidden + (kb0 + b) * 256 + lane * 8);
-          x[tt][b][0] = __ldg(src);
-          x[tt][b][1] = __ldg(src + 1);
+          x[tt][b][0] = src[0];
+          x[tt][b][1] = src[1];
         }
     float acc[kTok], sq[kTok];
 #pragma unroll
@@ -186,7 +187,8 @@ __device__ void router_topk_warp(const RouterTopkParams& p, int token, float* ch
 #pragma unroll
   for (int i = 0; i < P; ++i) present[i] = lane * P + i < E;
   // The slot id, the bias and the slices' partials are loaded together (one round trip at the
-  // common slice counts, not one per slice); the partials are then added in slice order.
+  // common slice counts, not one per slice); the partials are then added in slice order. The
+  // partials come from the GEMV tiles (coherent loads); bias and slot ids are settled inputs.
   const bool pad = is_pad_row(p.slot_ids, token);
   float bias[P];
 #pragma unroll
@@ -202,8 +204,8 @@ __device__ void router_topk_warp(const RouterTopkParams& p, int token, float* ch
     for (int j = 0; j < kSlicesInFlight; ++j) {
       const float* row = p.logits + (std::int64_t(s0 + j) * p.batch + token) * E + lane * P;
 #pragma unroll
-      for (int i = 0; i < P; ++i) part[j][i] = s0 + j < p.slices && present[i] ? __ldg(row + i) : 0.f;
-      sq[j] = p.sum_squares && s0 + j < p.slices ? __ldg(p.sum_squares + std::int64_t(s0 + j) * p.batch + token) : 0.f;
+      for (int i = 0; i < P; ++i) part[j][i] = s0 + j < p.slices && present[i] ? row[i] : 0.f;
+      sq[j] = p.sum_squares && s0 + j < p.slices ? p.sum_squares[std::int64_t(s0 + j) * p.batch + token] : 0.f;
     }
 #pragma unroll
     for (int j = 0; j < kSlicesInFlight; ++j) {
@@ -334,6 +336,39 @@ __device__ void router_topk_warp(const RouterTopkParams& p, int token, float* ch
     if (c.weights_to_bf16) my_weight = __bfloat162float(__float2bfloat16(my_weight));
     p.ids[slot0 + lane] = my_id;
     p.weights[slot0 + lane] = my_weight;
+  }
+}
+
+// Router weights never depend on the previous kernel: pull this tile's rows into L2 before the
+// wait so the fetch overlaps the previous work.
+__device__ inline void prefetch_router_rows(const RouterGemvParams& p, int tile) {
+  const int expert = (tile / p.slices) * kRouterRowsPerTile + int(threadIdx.x);
+  if (threadIdx.x >= kRouterRowsPerTile || expert >= p.num_experts) return;
+  const int kb0 = (tile % p.slices) * kRouterSliceBlocks;
+  const int nb = min(kRouterSliceBlocks, p.hidden_blocks - kb0);
+  const int elem = p.weight_bf16 ? 2 : 4;
+  const char* src = static_cast<const char*>(p.weight) + (std::int64_t(expert) * p.hidden_blocks + kb0) * 256 * elem;
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(std::uint32_t(nb * 256 * elem)) : "memory");
+}
+
+// ---- bodies (common/body.cuh) --------------------------------------------------------------------
+template <class Range, class Wait>
+__device__ void router_gemv_body(const RouterGemvParams& p, const Range& r, Wait& wait) {
+  const int tiles = router_gemv_tiles(p);
+  if (r.first() < tiles) prefetch_router_rows(p, r.first());
+  wait();
+  for (int tile = r.first(); tile < tiles; tile += r.stride()) router_gemv_tile(p, tile);
+}
+
+// A warp per token; `smem`: router_topk_smem_bytes.
+template <int P, class Range, class Wait>
+__device__ void router_topk_body(const RouterTopkParams& p, const Range& r, char* smem, Wait& wait) {
+  wait();
+  const int warp = threadIdx.x / 32;
+  float* choice = reinterpret_cast<float*>(smem) + warp * p.config.num_experts;
+  for (int tile = r.first(); tile < router_topk_tiles(p.batch); tile += r.stride()) {
+    const int token = tile * kWarpsPerBlock + warp;
+    if (token < p.batch) router_topk_warp<P>(p, token, choice);
   }
 }
 

@@ -1,0 +1,67 @@
+// The contract every device body of the decode step follows, so that one body serves both paths:
+// its standalone kernel (the graph path) and the megakernel (pipeline/megakernel/).
+//
+//   * Tiles: a body runs tiles first, first + stride, ... of its op (a TileRange or GridRange) and
+//     never reads blockIdx / gridDim itself. A standalone kernel passes its grid; the megakernel the
+//     block's lane of the instruction and the grid size.
+//   * Phases: a prologue that touches only weights and data settled before the step (weight copies
+//     into shared memory, L2 prefetches, state loads), then wait(), then the work. wait() is the
+//     caller's policy: griddepcontrol.wait in a standalone kernel (PdlWait), an acquire on the
+//     producers' counters in the megakernel. Every thread calls it at the same point; calls after
+//     the first return at once, so a body that runs several tiles may call it per tile.
+//   * Shared memory: carved from the one dynamic buffer the caller passes (1024-byte aligned in the
+//     megakernel); no static __shared__.
+//   * Coherence: data written earlier in the same launch is read with coherent loads (plain or
+//     ld.global.cg), never __ldg / ld.global.nc; weights and step inputs may use the read-only path.
+//   * On return: no asynchronous copy is in flight, and when another body follows in the same block
+//     (Wait::kSharedMemoryReused, the megakernel) every mbarrier the body initialised has been
+//     invalidated, so the next body may reuse the bytes (the megakernel also fences the async proxy
+//     and synchronises the block between bodies). A standalone kernel exits instead.
+#pragma once
+
+#include <cstdint>
+
+#include "common/async_copy.cuh"
+#include "common/launch.cuh"
+
+namespace encore::device {
+
+// Bodies take either range type (a template parameter): the megakernel's values, or a standalone
+// kernel's grid, read from the special registers where used (no registers held across a body).
+struct TileRange {
+  static constexpr bool kOneTile = false;
+  int first_tile, tile_stride;
+  __device__ __forceinline__ int first() const { return first_tile; }
+  __device__ __forceinline__ int stride() const { return tile_stride; }
+};
+// A standalone kernel's range: block b of a grid of G blocks runs tiles b, b + G, ...
+struct GridRange {
+  static constexpr bool kOneTile = false;
+  __device__ __forceinline__ int first() const { return int(blockIdx.x); }
+  __device__ __forceinline__ int stride() const { return int(gridDim.x); }
+};
+// A standalone kernel launched with one block per tile: block b runs tile b alone.
+struct BlockTile {
+  static constexpr bool kOneTile = true;
+  __device__ __forceinline__ int first() const { return int(blockIdx.x); }
+  __device__ __forceinline__ int stride() const { return int(gridDim.x); }
+};
+
+// The standalone kernels' wait: griddepcontrol.wait, then (release = true) let the next kernel in
+// the stream launch, as the kernels that start their dependents right after their own wait do.
+struct PdlWait {
+  static constexpr bool kSharedMemoryReused = false;
+  bool release = true;
+  __device__ __forceinline__ void operator()() const {
+    wait_for_upstream();
+    if (release) allow_downstream();
+  }
+};
+
+// Invalidates `count` mbarriers (one thread; every phase complete, no copy in flight).
+__device__ __forceinline__ void barrier_inval(std::uint64_t* bars, int count) {
+  for (int i = 0; i < count; ++i)
+    asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_address(bars + i)) : "memory");
+}
+
+}  // namespace encore::device
