@@ -9,4 +9,12 @@ list(APPEND ENCORE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/step_kernels.cu
   ${CMAKE_CURRENT_LIST_DIR}/pipeline.cpp
   ${CMAKE_CURRENT_LIST_DIR}/pipeline_ref.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/random_weights.cu)
+  ${CMAKE_CURRENT_LIST_DIR}/random_weights.cu
+  ${CMAKE_CURRENT_LIST_DIR}/megakernel/kernel.cu
+  ${CMAKE_CURRENT_LIST_DIR}/megakernel/lower.cu
+  ${CMAKE_CURRENT_LIST_DIR}/megakernel/megakernel.cu)
+# The megakernel's op bodies are separate functions (kernel.cu): compiled whole-program, ptxas
+# caps their registers when several are called from one kernel and spills kilobytes in every body;
+# with separable compilation each body gets the full register file (only callee-saved registers
+# are saved, once per call). The library's device link resolves it.
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/megakernel/kernel.cu PROPERTIES COMPILE_OPTIONS "-rdc=true")

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -81,10 +82,29 @@ class DeviceBuffer {
   std::size_t count_ = 0;
 };
 
-// A fresh seed every run (reported on failure through the test's SCOPED_TRACE).
+// An integer from the environment, or `fallback` when it is unset or not a number.
+inline long long env_int(const char* name, long long fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 0);
+  return end && *end == '\0' ? x : fallback;
+}
+
+// A fresh seed every run (reported on failure through the test's SCOPED_TRACE); ENCORE_TEST_SEED
+// replays a reported one.
 inline std::uint64_t fresh_seed() {
+  if (const char* v = std::getenv("ENCORE_TEST_SEED"); v && *v) return std::strtoull(v, nullptr, 0);
   static std::random_device device;
   return (std::uint64_t(device()) << 32) ^ device();
+}
+
+// Multiprocessors of the current device (0 without one).
+inline int sm_count() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return 0;
+  return sms;
 }
 
 inline std::vector<float> random_normal(std::size_t n, std::mt19937_64& rng, float mean = 0.f, float stddev = 1.f) {

@@ -17,15 +17,16 @@
 
 #include <cuda_runtime.h>
 
+#include <encore/pipeline/decode_step.h>
 #include <encore/pipeline/pipeline.h>
 #include <encore/status.h>
 
 namespace encore::graphs {
 
-class DecodeGraph {
+class DecodeGraph final : public pipeline::DecodeStep {
  public:
   DecodeGraph() = default;
-  ~DecodeGraph();
+  ~DecodeGraph() override;
   DecodeGraph(DecodeGraph&& other) noexcept;
   DecodeGraph& operator=(DecodeGraph&& other) noexcept;
   DecodeGraph(const DecodeGraph&) = delete;
@@ -38,6 +39,8 @@ class DecodeGraph {
   bool valid() const { return exec_ != nullptr; }
   // One decode step: the staged inputs' copy and every stage.
   Status replay(cudaStream_t stream) const;
+  Status run(cudaStream_t stream) const override { return replay(stream); }
+  const char* path() const override { return "graph"; }
   // The captured graph (owned by this object): nodes and their count for inspection.
   cudaGraph_t graph() const { return graph_; }
   std::size_t num_nodes() const;

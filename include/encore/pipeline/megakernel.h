@@ -1,0 +1,105 @@
+// The megakernel path (docs/megakernel.md): a whole decode step of a Pipeline in one cooperative
+// persistent launch. The stage table is lowered once into a device-resident program of
+// instructions (the same op bodies the graph path's kernels run, planned for one block per SM);
+// every block walks it in order and meets its producers on per-instruction counters in global
+// memory instead of kernel boundaries. Its results are bit-identical to the graph path's.
+//
+//   Megakernel mk;
+//   ENCORE_RETURN_IF_ERROR(Megakernel::build(pipeline, mk));       // once per Pipeline::set_batch
+//   for each token: pipeline.set_step(inputs); mk.run(stream); ...  // input copy + one launch
+//
+// The launch can itself be captured into a CUDA graph. The pipeline must outlive the megakernel,
+// and a set_batch after build needs a new build.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include <encore/pipeline/decode_step.h>
+#include <encore/pipeline/pipeline.h>
+#include <encore/status.h>
+
+namespace encore::pipeline {
+
+struct MegakernelOptions {
+  // Every wait on a producer is bounded: one that lasts longer records which wait it was
+  // (instruction, tile, producer, counts) and ends the launch early; read_status() reports it as
+  // an error. A correct program never waits long; 0 waits forever.
+  std::uint32_t wait_timeout_ms = 2000;
+  // Test mode: every launch maps tiles to blocks by a fresh permutation and delays each block's
+  // completion signals by a random few microseconds. The results must not change.
+  bool stress = false;
+  std::uint32_t stress_seed = 1;
+  // Test hook: the first producer of this instruction is waited for with a count it never
+  // reaches (the timeout then reports it). -1: none.
+  int break_dependency_of = -1;
+  // Profiling: every launch records, per instruction and block, when the block reached it, when
+  // its producers released it and when it signalled (read with trace()). Costs a little time.
+  bool trace = false;
+};
+
+// One instruction of the program, for inspection (tests, traces).
+struct MegakernelInstruction {
+  std::string name;      // e.g. "blk.4.moe.gate_up"
+  int stage = -1;        // the stage it came from
+  int tiles = 0;
+  std::size_t smem = 0;  // the dynamic shared memory its body needs
+  std::vector<int> prologue_producers, producers;  // instruction indices
+};
+
+// Where one instruction's time went in the last traced launch (us from the launch's first block
+// start): the earliest arrival, the first and last release by its producers, the last signal.
+struct MegakernelInstructionTime {
+  double start = 0, first_ready = 0, last_ready = 0, end = 0;
+  int blocks = 0;  // blocks that ran a tile of it
+};
+
+class Megakernel final : public DecodeStep {
+ public:
+  Megakernel() = default;
+  ~Megakernel() override;
+  Megakernel(Megakernel&& other) noexcept;
+  Megakernel& operator=(Megakernel&& other) noexcept;
+  Megakernel(const Megakernel&) = delete;
+  Megakernel& operator=(const Megakernel&) = delete;
+
+  // Lowers pipeline.stages() (its current batch), encodes the tensor maps, uploads the program and
+  // checks that one block per SM is co-resident with the shared memory the program needs. On error
+  // nothing is kept.
+  static Status build(Pipeline& pipeline, Megakernel& out, const MegakernelOptions& options = {});
+
+  bool valid() const { return device_ != nullptr; }
+  Status run(cudaStream_t stream) const override;  // the staged inputs' copy + the launch
+  const char* path() const override { return "megakernel"; }
+  // The launch alone (the caller wrote the step inputs into the pipeline's buffers itself).
+  Status launch(cudaStream_t stream) const;
+  // Synchronises `stream`; a wait that timed out is reported (then the counters are reset so the
+  // next launch starts clean; the state of the abandoned step is undefined).
+  Status read_status(cudaStream_t stream);
+
+  // The last launch's timeline (options.trace): one entry per instruction. Synchronises `stream`.
+  Status trace(cudaStream_t stream, std::vector<MegakernelInstructionTime>& out) const;
+
+  int grid() const { return grid_; }
+  std::size_t smem_bytes() const { return smem_; }
+  int token_tier() const { return tokens_; }
+  const std::vector<MegakernelInstruction>& program() const { return program_; }
+
+ private:
+  void release();
+  Pipeline* pipeline_ = nullptr;
+  void* device_ = nullptr;  // program | map table | counters | report, one allocation
+  const void* kernel_ = nullptr;
+  int grid_ = 0, tokens_ = 1, count_ = 0;
+  std::size_t smem_ = 0;
+  std::size_t counters_offset_ = 0, counters_bytes_ = 0, report_offset_ = 0, trace_offset_ = 0, schedule_offset_ = 0;
+  std::uint64_t timeout_ns_ = 0;
+  std::uint32_t stress_seed_ = 0;
+  std::vector<MegakernelInstruction> program_;
+};
+
+}  // namespace encore::pipeline

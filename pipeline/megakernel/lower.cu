@@ -1,0 +1,394 @@
+#include "pipeline/megakernel/lower.h"
+
+#include <algorithm>
+#include <bitset>
+#include <cstdint>
+#include <string>
+
+#include <encore/ops/kda.h>
+#include <encore/ops/mla.h>
+
+#include "gemv/gemv_plan.h"
+#include "mla/mla_splitkv_layout.cuh"
+#include "mla/mla_tiles.cuh"
+#include "moe/moe_expert_tile.cuh"
+#include "moe/moe_plan.h"
+
+namespace encore::pipeline::megakernel {
+namespace {
+
+struct Node {
+  Instruction ins;
+  InstructionInfo info;
+  std::vector<Access> accesses;
+};
+
+template <class T>
+Access bytes_of(const T* p, std::size_t bytes, bool write, bool early = false) {
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  return {at, p ? at + bytes : at, write, early};
+}
+// Rows of `width` elements `stride` apart: (batch - 1) * stride + width elements.
+template <class T>
+Access rows_of(const T* p, int batch, std::int64_t stride, std::int64_t width, bool write, bool early = false) {
+  return bytes_of(p, (std::size_t(batch - 1) * stride + width) * sizeof(T), write, early);
+}
+Access range_of(const void* begin, const void* end, bool write, bool early = false) {
+  return {reinterpret_cast<std::uintptr_t>(begin), reinterpret_cast<std::uintptr_t>(end), write, early};
+}
+
+std::string layer_name(int layer, const char* what) {
+  return layer < 0 ? std::string(what) : "blk." + std::to_string(layer) + "." + what;
+}
+
+// What a GEMV stage computes in the model.
+const char* gemv_name(StageRole r) {
+  switch (r) {
+    case StageRole::kKdaInProj: return "kda.in_proj";
+    case StageRole::kKdaOutProj: return "kda.o_proj";
+    case StageRole::kMlaInProj: return "mla.in_proj";
+    case StageRole::kMlaQB: return "mla.q_b";
+    case StageRole::kMlaOutProj: return "mla.o_proj";
+    case StageRole::kDenseGateUp: return "dense.gate_up";
+    case StageRole::kDenseDown: return "dense.down";
+    case StageRole::kLmHead: return "lm_head";
+    default: return "gemv";
+  }
+}
+
+class Lowering {
+ public:
+  Lowering(const std::vector<Stage>& stages, const Target& target, const CUtensorMap* maps, Program& out)
+      : stages_(stages), target_(target), map_table_(maps), out_(out) {}
+
+  Status run() {
+    out_ = Program{};
+    out_.grid = target_.sms;
+    ENCORE_REQUIRE(target_.sms >= 1 && target_.smem_per_block > kReservedSmem, StatusCode::kInvalidArgument,
+                   "megakernel: the target needs SMs and shared memory");
+    // The split-KV scheduler reads only the step's inputs: first, so its plan is ready long before
+    // the first MLA layer needs it.
+    for (std::size_t i = 0; i < stages_.size(); ++i)
+      if (stages_[i].kind == StageKind::kMlaSched) ENCORE_RETURN_IF_ERROR(lower_stage(int(i)));
+    for (std::size_t i = 0; i < stages_.size(); ++i)
+      if (stages_[i].kind != StageKind::kMlaSched) ENCORE_RETURN_IF_ERROR(lower_stage(int(i)));
+    ENCORE_RETURN_IF_ERROR(link());
+    for (Node& n : nodes_) {
+      n.info.accesses = n.accesses;
+      out_.smem = std::max(out_.smem, n.info.smem);
+      out_.instructions.push_back(n.ins);
+      out_.info.push_back(n.info);
+    }
+    ENCORE_REQUIRE(out_.smem <= body_smem(), StatusCode::kUnsupported, "megakernel: an instruction needs ", out_.smem,
+                   " bytes of shared memory, a block has ", body_smem(), " beside the program's ", kReservedSmem);
+    out_.smem += kReservedSmem;
+    // Block b runs lane (b + lane_offset) mod grid of every instruction that has that many tiles.
+    const int count = int(out_.instructions.size()), grid = out_.grid;
+    out_.schedule.assign(std::size_t(grid) * (count + 1), 0);
+    for (int b = 0; b < grid; ++b) {
+      std::uint16_t* row = out_.schedule.data() + std::size_t(b) * (count + 1);
+      for (int i = 0; i < count; ++i) {
+        const Header& h = out_.instructions[i].h;
+        if ((b + h.lane_offset) % grid < h.tiles) row[1 + row[0]++] = std::uint16_t(i);
+      }
+    }
+    return {};
+  }
+
+ private:
+  Node& add(Opcode op, int tiles, int stage, const char* what, std::size_t smem) {
+    Node n;
+    n.ins.h.op = op;
+    n.ins.h.tiles = tiles;
+    n.info = {layer_name(stages_[stage].layer, what), stage, stages_[stage].layer, smem};
+    nodes_.push_back(n);
+    return nodes_.back();
+  }
+
+  int take_map_slots(int count, std::function<Status(CUtensorMap*)> encode) {
+    const int slot = out_.map_slots;
+    out_.maps.push_back({slot, count, std::move(encode)});
+    out_.map_slots += count;
+    return slot;
+  }
+
+  Status lower_stage(int si) {
+    const Stage& s = stages_[si];
+    const StageParams& p = s.params;
+    switch (s.kind) {
+      case StageKind::kEmbed: {
+        const EmbedParams& e = p.embed;
+        Node& n = add(Opcode::kEmbed, e.batch, si, "embed", 0);
+        n.ins.params.embed = e;
+        n.accesses = {bytes_of(e.token_ids, std::size_t(e.batch) * 4, false), bytes_of(e.x, std::size_t(e.batch) * e.hidden * 4, true)};
+        return {};
+      }
+      case StageKind::kRmsNormGemv: return gemv(si, p.rms_gemv, p.rms_gemv.normalized, gemv_name(s.role));
+      case StageKind::kGemv: return gemv(si, p.gemv, nullptr, gemv_name(s.role));
+      case StageKind::kGateUpGemv: return gemv(si, p.gate_up, nullptr, gemv_name(s.role));
+      case StageKind::kKda: return kda(si, p.kda);
+      case StageKind::kMlaSched: {
+        const ops::MlaSchedParams& m = p.mla_sched;
+        Node& n = add(Opcode::kMlaSched, 1, si, "mla.sched", ops::mla::mla_sched_smem_bytes(m.num_seqs));
+        n.ins.params.mla_sched = m;
+        n.accesses = {bytes_of(m.sched_meta, std::size_t(m.num_parts) * ops::kMlaMetaInts * 4, true),
+                      bytes_of(m.num_splits, (std::size_t(m.num_seqs) + 1) * 4, true), bytes_of(m.error_flag, 4, true)};
+        return {};
+      }
+      case StageKind::kMlaQAbsorb: {
+        const ops::MlaQAbsorbParams& q = p.mla_q_absorb;
+        Node& n = add(Opcode::kMlaQAbsorb, ops::mla_q_absorb_num_tiles(q), si, "mla.q_absorb", ops::mla::mla_q_absorb_smem_bytes());
+        n.ins.params.mla_q_absorb = q;
+        n.accesses = {rows_of(q.q, q.num_seqs, q.q_stride, std::int64_t(q.num_heads) * ops::kMlaQHeadDim, false),
+                      bytes_of(q.q576, std::size_t(q.num_seqs) * q.num_heads * ops::kMlaRowDim * 2, true)};
+        return {};
+      }
+      case StageKind::kMlaKvAppend: {
+        const ops::MlaKvAppendParams& a = p.mla_kv_append;
+        Node& n = add(Opcode::kMlaKvAppend, a.num_seqs, si, "mla.kv_append", ops::mla::mla_kv_append_smem_bytes());
+        n.ins.params.mla_kv_append = a;
+        n.accesses = {rows_of(a.kv_a, a.num_seqs, a.kv_a_stride, ops::kMlaRowDim, false), bytes_of(a.error_flag, 4, false),
+                      cache_of(a.cache, true)};
+        return {};
+      }
+      case StageKind::kMlaSplitKv: return splitkv(si, p.mla_attention);
+      case StageKind::kMlaCombine: {
+        const ops::MlaAttentionParams& t = p.mla_attention;
+        Node& n = add(Opcode::kMlaCombine, ops::mla_combine_num_tiles(t), si, "mla.combine", ops::mla::mla_combine_smem_bytes(t.num_parts));
+        n.ins.params.mla_combine = t;
+        n.accesses = attention_accesses(t, false);
+        return {};
+      }
+      case StageKind::kMlaVUp: {
+        const ops::MlaVUpParams& v = p.mla_v_up;
+        Node& n = add(Opcode::kMlaVUp, ops::mla_v_up_num_tiles(v), si, "mla.v_up", 0);
+        n.ins.params.mla_v_up = v;
+        n.accesses = {bytes_of(v.o_lat, std::size_t(v.num_seqs) * v.num_heads * ops::kMlaLatentDim * 4, false),
+                      bytes_of(v.out, std::size_t(v.num_seqs) * v.num_heads * ops::kMlaVHeadDim * 4, true)};
+        return {};
+      }
+      case StageKind::kMoeRouter: return router(si);
+      case StageKind::kMoeExperts: return experts(si);
+    }
+    return Status(StatusCode::kInvalidArgument, "megakernel: stage " + std::to_string(si) + " has an unknown kind");
+  }
+
+  template <class P>
+  Status gemv(int si, const P& a, const float* normalized, const char* what) {
+    gemv::GemvPlan plan;
+    ENCORE_RETURN_IF_ERROR(gemv::plan_op(a, target_.sms, &plan));
+    // One block per SM: the launcher's plan (same row split and activation chunks, so the same
+    // sums) with the deepest weight ring that fits beside the program, so one block keeps as many
+    // bytes in flight as the launcher's two.
+    const std::size_t budget = std::min(kGemvSmemBudget, body_smem());
+    for (int stages = gemv::kMaxStages; stages >= 2; --stages) {
+      gemv::GemvTileParams q = plan.params;
+      q.stages = stages;
+      const std::size_t bytes = gemv::GemvSmem(nullptr, q, plan.tokens, plan.matrices).bytes;
+      if (bytes <= budget || stages == 2) {
+        plan.params = q, plan.smem = bytes;
+        if (bytes <= budget) break;
+      }
+    }
+    const gemv::GemvTileParams& g = plan.params;
+    if (out_.tokens != plan.tokens && gemv_seen_)
+      return Status(StatusCode::kInvalidArgument, "megakernel: the stages' GEMVs run different token tiers");
+    out_.tokens = plan.tokens, gemv_seen_ = true;
+    Node& n = add(Opcode::kGemv, int(gemv::num_tiles(g)), si, what, plan.smem);
+    n.ins.params.gemv = {g, plan.matrices};
+    n.accesses.push_back(rows_of(g.x, g.batch, g.x_stride, std::int64_t(g.k_blocks) * 256, false));
+    for (int m = 0; m < 2; ++m)
+      if (g.out[m]) n.accesses.push_back(rows_of(g.out[m], g.batch, g.out_stride, g.n, true));
+    if (g.residual) n.accesses.push_back(rows_of(g.residual, g.batch, g.out_stride, g.n, false));
+    if (normalized) n.accesses.push_back(bytes_of(normalized, std::size_t(g.batch) * g.k_blocks * 256 * 4, true));
+    return {};
+  }
+
+  Status kda(int si, const ops::KdaParams& k) {
+    Node& n = add(Opcode::kKda, ops::kda_num_tiles(k), si, "kda", ops::kda_smem_bytes(k));
+    n.ins.params.kda = k;
+    n.ins.params.kda.host_slot_ids = nullptr;  // (a host pointer: the pipeline checked the slots on the host)
+    const std::size_t conv = std::size_t(k.num_slots) * ops::kda_conv_state_floats_per_slot(k.num_heads, k.head_dim) * 4;
+    const std::size_t state = std::size_t(k.num_slots) * ops::kda_recurrent_state_floats_per_slot(k.num_heads, k.head_dim) * 4;
+    n.accesses = {rows_of(k.proj, k.batch, k.proj_stride, ops::kda_proj_width(k), false),
+                  bytes_of(k.y, std::size_t(k.batch) * k.num_heads * k.head_dim * 4, true),
+                  bytes_of(k.conv_state, conv, true, k.state_settled), bytes_of(k.recurrent_state, state, true, k.state_settled)};
+    if (k.error_flag) n.accesses.push_back(bytes_of(k.error_flag, 4, false));
+    return {};
+  }
+
+  static Access cache_of(const ops::MlaPagedCache& c, bool write) {
+    return bytes_of(c.pages, std::size_t(c.num_pages) * ops::kMlaPageTokens * ops::kMlaRowDim * 2, write);
+  }
+
+  // The split-KV outputs, and what split-KV (or the combine) reads of the plan and partials.
+  static std::vector<Access> attention_accesses(const ops::MlaAttentionParams& t, bool splitkv) {
+    const std::size_t rows = std::size_t(t.num_seqs) * t.num_heads, parts = std::size_t(t.num_seqs + t.num_parts) * t.num_heads;
+    std::vector<Access> a = {bytes_of(t.o_lat, rows * ops::kMlaLatentDim * 4, true), bytes_of(t.lse, rows * 4, true),
+                             bytes_of(t.partial_o, parts * ops::kMlaLatentDim * 4, splitkv),
+                             bytes_of(t.partial_lse, parts * 4, splitkv),
+                             bytes_of(t.num_splits, (std::size_t(t.num_seqs) + 1) * 4, false, splitkv),
+                             bytes_of(t.error_flag, 4, false)};
+    return a;
+  }
+
+  Status splitkv(int si, const ops::MlaAttentionParams& t) {
+    ENCORE_REQUIRE(t.counters == nullptr, StatusCode::kUnsupported, "megakernel: stage ", si,
+                   ": the fused split-KV combine is not an instruction (run split-KV and the combine)");
+    Node& n = add(Opcode::kMlaSplitKv, ops::mla_splitkv_num_tiles(t), si, "mla.splitkv", ops::mla::mla_splitkv_smem_bytes());
+    const ops::MlaPagedCache cache = t.cache;
+    const int slot = take_map_slots(1, [cache](CUtensorMap* m) { return ops::mla::encode_pages_map(cache, m); });
+    n.ins.params.mla_splitkv = {t, map_table_ + slot};
+    n.accesses = attention_accesses(t, true);
+    n.accesses.push_back(bytes_of(t.sched_meta, std::size_t(t.num_parts) * ops::kMlaMetaInts * 4, false, t.plan_settled));
+    n.accesses.push_back(bytes_of(t.q576, std::size_t(t.num_seqs) * t.num_heads * ops::kMlaRowDim * 2, false));
+    n.accesses.push_back(cache_of(t.cache, false));
+    return {};
+  }
+
+  Status router(int si) {
+    const ops::MoeRouterParams& r = stages_[si].params.moe_router;
+    moe::RouterPlan plan;
+    ENCORE_RETURN_IF_ERROR(moe::plan_router(r, &plan));
+    Node& g = add(Opcode::kRouterGemv, moe::router_gemv_tiles(plan.gemv), si, "moe.router", 0);
+    g.ins.params.router_gemv = plan.gemv;
+    const Access ws = bytes_of(static_cast<const char*>(r.workspace), r.workspace_bytes, true);
+    g.accesses = {rows_of(r.h, r.batch, r.hidden, r.hidden, false), ws};
+    Node& t = add(Opcode::kRouterTopk, moe::router_topk_tiles(r.batch), si, "moe.topk", plan.topk_smem);
+    t.ins.params.router_topk = {plan.topk, plan.topk_lane_width};
+    const std::size_t slots = std::size_t(r.batch) * r.config.top_k * 4;
+    t.accesses = {{ws.begin, ws.end, false, false}, bytes_of(r.topk_ids, slots, true), bytes_of(r.topk_weights, slots, true)};
+    if (r.logits) t.accesses.push_back(bytes_of(r.logits, std::size_t(r.batch) * r.config.num_experts * 4, true));
+    return {};
+  }
+
+  // The expert stage. Up to kTokensPerPass tokens, as the graph path runs them: every stream block
+  // builds the work list from the routing itself, and the gate/up blocks quantise the input in
+  // their prologue (x is settled once its writer is done, before the routing is). Larger batches:
+  // the input quantiser and the work list are their own instructions.
+  Status experts(int si) {
+    const ops::MoeExpertsParams& m = stages_[si].params.moe_experts;
+    const bool in_block = m.batch <= moe::kTokensPerPass;
+    moe::ExpertsPlan plan;
+    ENCORE_RETURN_IF_ERROR(moe::plan_experts_for_grid(m, target_.sms, body_smem(), in_block, &plan));
+    moe::ExpertsTileParams e = plan.params;
+    e.h_settled = in_block;
+    const char* ws_end = static_cast<const char*>(m.workspace) + m.workspace_bytes;
+    ENCORE_REQUIRE(reinterpret_cast<const char*>(e.num_passes) < reinterpret_cast<const char*>(e.chunk_done) &&
+                       reinterpret_cast<const char*>(e.chunk_done) < e.act_in && e.act_in < e.act_mid &&
+                       e.act_mid < reinterpret_cast<const char*>(e.y) && reinterpret_cast<const char*>(e.y) < ws_end,
+                   StatusCode::kInvalidArgument, "megakernel: stage ", si, ": the experts' workspace pieces are out of order");
+    const Access list = range_of(e.num_passes, e.chunk_done, true), chunks = range_of(e.chunk_done, e.act_in, true);
+    const Access act_in = range_of(e.act_in, e.act_mid, true), act_mid = range_of(e.act_mid, e.y, true), y = range_of(e.y, ws_end, true);
+    auto read = [](Access a, bool early = false) {
+      a.write = false, a.early = early;
+      return a;
+    };
+    const Access x_rows = rows_of(m.h, m.batch, m.hidden, m.hidden, false);
+    const std::size_t slots = std::size_t(m.batch) * m.top_k * 4;
+    const Access ids = bytes_of(m.topk_ids, slots, false), weights = bytes_of(m.topk_weights, slots, false);
+    const Access flag = bytes_of(m.error_flag, m.error_flag ? 4 : 0, true);
+
+    if (!in_block) {
+      Node& q = add(Opcode::kMoeQuantize, m.batch, si, "moe.quantize", moe::quantize_smem_bytes(m.hidden));
+      q.ins.params.moe_experts = e;
+      q.accesses = {x_rows, act_in};
+      Node& l = add(Opcode::kMoeList, 1, si, "moe.list", moe::prepare_smem_bytes());
+      l.ins.params.moe_experts = e;
+      l.accesses = {ids, weights, list, chunks, flag};
+    }
+    const int passes = moe::max_passes(m.batch, m.num_experts, m.num_shared, m.top_k, e.tokens_per_pass);
+    const int gate_up_lanes = std::min(target_.sms, passes * moe::gate_up_row_groups(m.inter));
+    const int down_lanes = std::min(target_.sms, passes * moe::down_row_chunks(m.hidden));
+    const int slot = take_map_slots(4, [m, plan](CUtensorMap* maps) {
+      return moe::encode_experts_maps(m, plan, reinterpret_cast<moe::StreamMaps*>(maps), reinterpret_cast<moe::StreamMaps*>(maps + 2));
+    });
+    const auto* maps = reinterpret_cast<const moe::StreamMaps*>(map_table_ + slot);
+    Node& g = add(Opcode::kMoeGateUp, gate_up_lanes, si, "moe.gate_up", plan.gate_up_smem);
+    g.ins.params.moe_stream = {e, plan.gate_up, maps};
+    if (in_block)  // the routing after the quantised input; lane 0 resets the combine's counters, reports bad ids
+      g.accesses = {read(x_rows, true), ids, weights, chunks, flag, act_mid};
+    else
+      g.accesses = {read(list), read(act_in), act_mid};
+    Node& d = add(Opcode::kMoeDown, down_lanes, si, "moe.down", plan.down_smem);
+    d.ins.params.moe_stream = {e, plan.down, maps + 1};
+    if (in_block)  // its list, from the routing, before its ring starts
+      d.accesses = {read(ids, true), read(weights, true), read(act_mid), y, chunks, x_rows, rows_of(m.x, m.batch, m.hidden, m.hidden, true)};
+    else
+      d.accesses = {read(list, true), read(act_mid), y, chunks, x_rows, rows_of(m.x, m.batch, m.hidden, m.hidden, true)};
+    return {};
+  }
+
+  // Dependencies from conflicting accesses, reduced to those no other one implies; then each
+  // instruction's first lane goes to the block after the previous instruction's last, so that
+  // small instructions in a row land on different blocks.
+  Status link() {
+    const int n = int(nodes_.size());
+    ENCORE_REQUIRE(n <= kMaxProgram, StatusCode::kUnsupported, "megakernel: ", n, " instructions exceed ", kMaxProgram);
+    std::vector<std::bitset<kMaxInstructions>> ancestors(n);
+    int start = 0;
+    for (int j = 0; j < n; ++j) {
+      std::vector<int> early, late;
+      for (int i = 0; i < j; ++i) {
+        bool conflict = false, in_prologue = false;
+        for (const Access& b : nodes_[j].accesses)
+          for (const Access& a : nodes_[i].accesses)
+            if ((a.write || b.write) && a.begin < b.end && b.begin < a.end && a.begin < a.end && b.begin < b.end) {
+              conflict = true;
+              in_prologue |= b.early;
+            }
+        if (conflict) (in_prologue ? early : late).push_back(i);
+      }
+      for (int i : early) ancestors[j] |= ancestors[i], ancestors[j].set(i);
+      for (int i : late) ancestors[j] |= ancestors[i], ancestors[j].set(i);
+      // Drop what another dependency implies: an early one only through another early one.
+      auto implied = [&](int i, const std::vector<int>& by) {
+        for (int k : by)
+          if (k != i && ancestors[k].test(i)) return true;
+        return false;
+      };
+      std::vector<int> kept_early, kept_late;
+      for (int i : early)
+        if (!implied(i, early)) kept_early.push_back(i);
+      for (int i : late)
+        if (!implied(i, early) && !implied(i, late)) kept_late.push_back(i);
+      Instruction& ins = nodes_[j].ins;
+      ENCORE_REQUIRE(kept_early.size() + kept_late.size() <= std::size_t(kMaxDeps), StatusCode::kUnsupported, "megakernel: ",
+                     nodes_[j].info.name, " has ", kept_early.size() + kept_late.size(), " producers; at most ", kMaxDeps);
+      int d = 0;
+      for (const std::vector<int>* list : {&kept_early, &kept_late})
+        for (int i : *list) ins.deps[d++] = {i, nodes_[i].ins.h.tiles, nodes_[i].ins.h.tiles};
+      ins.h.early_deps = std::int16_t(kept_early.size());
+      ins.h.late_deps = std::int16_t(kept_late.size());
+      ENCORE_REQUIRE(ins.h.tiles >= 1, StatusCode::kInvalidArgument, "megakernel: ", nodes_[j].info.name, " has no tiles");
+      ins.h.lane_offset = (out_.grid - start) % out_.grid;
+      start = int((start + std::int64_t(ins.h.tiles)) % out_.grid);
+    }
+    return {};
+  }
+
+  static constexpr int kMaxInstructions = 1024;  // (>= kMaxProgram)
+  static_assert(kMaxProgram <= kMaxInstructions);
+  // Shared memory a body may take: the block's, less the program's headers and slots.
+  std::size_t body_smem() const { return target_.smem_per_block - kReservedSmem; }
+  // What a GEMV's ring may take: the split-KV body sets the block's shared memory anyway.
+  static constexpr std::size_t kGemvSmemBudget = 200 * 1024;
+
+  const std::vector<Stage>& stages_;
+  const Target target_;
+  const CUtensorMap* map_table_;
+  Program& out_;
+  std::vector<Node> nodes_;
+  bool gemv_seen_ = false;
+};
+
+}  // namespace
+
+int map_slots_bound(const std::vector<Stage>& stages) { return 4 * int(stages.size()); }
+
+Status lower(const std::vector<Stage>& stages, const Target& target, const CUtensorMap* map_table, Program* out) {
+  ENCORE_REQUIRE(out, StatusCode::kNullPointer, "megakernel: lower needs an output program");
+  return Lowering(stages, target, map_table, *out).run();
+}
+
+}  // namespace encore::pipeline::megakernel

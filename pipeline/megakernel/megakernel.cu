@@ -1,0 +1,206 @@
+// Host side of the megakernel path: lowering, the device program, the launch, the wait report.
+#include <encore/pipeline/megakernel.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/cuda_check.h"
+#include "common/launch.cuh"
+#include "pipeline/megakernel/kernel.h"
+#include "pipeline/megakernel/lower.h"
+#include "pipeline/megakernel/program.cuh"
+
+namespace encore::pipeline {
+namespace {
+
+using megakernel::Instruction;
+using megakernel::KernelArgs;
+using megakernel::WaitReport;
+
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+// The megakernel's one device allocation: program | schedule | map table | step counters, one
+// counter per instruction | wait reports | trace.
+struct DeviceLayout {
+  std::size_t schedule = 0, maps = 0, counters = 0, counters_bytes = 0, report = 0, trace = 0, total = 0;
+  DeviceLayout(int instructions, int map_slots, int grid, int trace_entries) {
+    schedule = round_up(std::size_t(instructions) * sizeof(Instruction), 128);
+    maps = round_up(schedule + std::size_t(grid) * (instructions + 1) * sizeof(std::uint16_t), 128);
+    counters = round_up(maps + std::size_t(map_slots) * sizeof(CUtensorMap), 128);
+    counters_bytes = (std::size_t(instructions) + 1) * megakernel::kCounterStride * sizeof(std::uint32_t);  // step line, then one per instruction
+    report = round_up(counters + counters_bytes, 128);
+    trace = round_up(report + std::size_t(grid) * sizeof(WaitReport), 128);
+    total = trace + std::size_t(trace_entries) * sizeof(megakernel::TraceEntry);
+  }
+};
+
+}  // namespace
+
+Megakernel::~Megakernel() { release(); }
+
+Megakernel::Megakernel(Megakernel&& other) noexcept { *this = std::move(other); }
+
+Megakernel& Megakernel::operator=(Megakernel&& other) noexcept {
+  if (this != &other) {
+    release();
+    pipeline_ = other.pipeline_, device_ = std::exchange(other.device_, nullptr), kernel_ = other.kernel_;
+    grid_ = other.grid_, tokens_ = other.tokens_, count_ = other.count_, smem_ = other.smem_;
+    counters_offset_ = other.counters_offset_, counters_bytes_ = other.counters_bytes_, report_offset_ = other.report_offset_;
+    trace_offset_ = other.trace_offset_, schedule_offset_ = other.schedule_offset_;
+    timeout_ns_ = other.timeout_ns_, stress_seed_ = other.stress_seed_, program_ = std::move(other.program_);
+  }
+  return *this;
+}
+
+void Megakernel::release() {
+  if (device_) cudaFree(device_);  // (a destructor cannot report; an error here means a broken context)
+  device_ = nullptr;
+}
+
+Status Megakernel::build(Pipeline& pipeline, Megakernel& out, const MegakernelOptions& options) {
+  out.release();
+  const std::vector<Stage>& stages = pipeline.stages();
+  ENCORE_REQUIRE(!stages.empty(), StatusCode::kInvalidArgument, "Megakernel::build: the pipeline has no stages");
+  int ordinal = 0, cooperative = 0;
+  ENCORE_CUDA_TRY(cudaGetDevice(&ordinal));
+  ENCORE_CUDA_TRY(cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, ordinal));
+  ENCORE_REQUIRE(cooperative, StatusCode::kUnsupported, "Megakernel::build: the device does not support cooperative launches");
+  const megakernel::Target target{detail::sm_count(), std::size_t(detail::max_shared_memory_per_block())};
+
+  // Lowered twice: first to size the device allocation, then with the map table's real address.
+  megakernel::Program program;
+  ENCORE_RETURN_IF_ERROR(megakernel::lower(stages, target, nullptr, &program));
+  const int traced = options.trace ? int(program.instructions.size()) * program.grid : 0;
+  const DeviceLayout layout(int(program.instructions.size()), megakernel::map_slots_bound(stages), program.grid, traced);
+  void* device = nullptr;
+  ENCORE_CUDA_TRY(cudaMalloc(&device, layout.total));
+  Megakernel mk;
+  mk.device_ = device;  // owned from here: freed on any error below
+  const auto* map_table = reinterpret_cast<const CUtensorMap*>(static_cast<char*>(device) + layout.maps);
+  ENCORE_RETURN_IF_ERROR(megakernel::lower(stages, target, map_table, &program));
+  const int count = int(program.instructions.size());
+  if (options.break_dependency_of >= 0) {
+    ENCORE_REQUIRE(options.break_dependency_of < count, StatusCode::kOutOfRange, "Megakernel::build: break_dependency_of = ",
+                   options.break_dependency_of, " is past the ", count, " instructions");
+    Instruction& ins = program.instructions[options.break_dependency_of];
+    ENCORE_REQUIRE(ins.h.early_deps + ins.h.late_deps > 0, StatusCode::kInvalidArgument, "Megakernel::build: instruction ",
+                   options.break_dependency_of, " has no producer to break");
+    ins.deps[0].need = ins.deps[0].per_step + 1;  // one tile more than the producer has
+  }
+
+  std::vector<CUtensorMap> maps(std::size_t(program.map_slots));
+  for (const megakernel::MapRequest& r : program.maps) ENCORE_RETURN_IF_ERROR(r.encode(maps.data() + r.slot));
+  char* base = static_cast<char*>(device);
+  ENCORE_CUDA_TRY(cudaMemcpy(base, program.instructions.data(), std::size_t(count) * sizeof(Instruction),
+                             cudaMemcpyHostToDevice));
+  ENCORE_CUDA_TRY(cudaMemcpy(base + layout.schedule, program.schedule.data(), program.schedule.size() * sizeof(std::uint16_t),
+                             cudaMemcpyHostToDevice));
+  if (!maps.empty())
+    ENCORE_CUDA_TRY(cudaMemcpy(base + layout.maps, maps.data(), maps.size() * sizeof(CUtensorMap), cudaMemcpyHostToDevice));
+  ENCORE_CUDA_TRY(cudaMemset(base + layout.counters, 0, layout.total - layout.counters));
+
+  // One block per SM must be co-resident with the program's shared memory.
+  const void* kernel = megakernel::kernel_for_tokens(program.tokens);
+  ENCORE_REQUIRE(kernel, StatusCode::kInvalidArgument, "Megakernel::build: no kernel for token tier ", program.tokens);
+  ENCORE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(program.smem)));
+  int per_sm = 0;
+  ENCORE_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBlockThreads, program.smem));
+  ENCORE_REQUIRE(per_sm >= 1, StatusCode::kUnsupported, "Megakernel::build: a block of ", kBlockThreads, " threads with ",
+                 program.smem, " bytes of shared memory does not fit on an SM (registers or shared memory)");
+
+  mk.pipeline_ = &pipeline;
+  mk.kernel_ = kernel;
+  mk.grid_ = program.grid, mk.tokens_ = program.tokens, mk.count_ = count, mk.smem_ = program.smem;
+  mk.counters_offset_ = layout.counters, mk.counters_bytes_ = layout.trace - layout.counters, mk.report_offset_ = layout.report;
+  mk.trace_offset_ = traced ? layout.trace : 0;
+  mk.schedule_offset_ = layout.schedule;
+  mk.timeout_ns_ = std::uint64_t(options.wait_timeout_ms) * 1000000ull;
+  mk.stress_seed_ = options.stress ? (options.stress_seed ? options.stress_seed : 1u) : 0u;
+  for (int i = 0; i < count; ++i) {
+    const Instruction& ins = program.instructions[i];
+    MegakernelInstruction info{program.info[i].name, program.info[i].stage, ins.h.tiles, program.info[i].smem, {}, {}};
+    for (int d = 0; d < ins.h.early_deps + ins.h.late_deps; ++d)
+      (d < ins.h.early_deps ? info.prologue_producers : info.producers).push_back(ins.deps[d].instruction);
+    mk.program_.push_back(std::move(info));
+  }
+  out = std::move(mk);
+  return {};
+}
+
+Status Megakernel::launch(cudaStream_t stream) const {
+  ENCORE_REQUIRE(device_, StatusCode::kInvalidArgument, "Megakernel::launch: nothing built");
+  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
+  char* base = static_cast<char*>(device_);
+  KernelArgs args{};
+  args.program = reinterpret_cast<const Instruction*>(base);  // (the program opens the allocation)
+  args.count = count_;
+  args.schedule = reinterpret_cast<const std::uint16_t*>(base + schedule_offset_);
+  args.step = reinterpret_cast<std::uint32_t*>(base + counters_offset_);
+  args.done = args.step + megakernel::kCounterStride;
+  args.report = reinterpret_cast<WaitReport*>(base + report_offset_);
+  args.wait_timeout_ns = timeout_ns_;
+  args.stress_seed = stress_seed_;
+  args.trace = trace_offset_ ? reinterpret_cast<megakernel::TraceEntry*>(base + trace_offset_) : nullptr;
+  if (args.trace)  // blocks without a tile of an instruction leave its entry zero
+    ENCORE_CUDA_TRY(cudaMemsetAsync(args.trace, 0, std::size_t(count_) * grid_ * sizeof(megakernel::TraceEntry), stream));
+  void* params[] = {&args};
+  ENCORE_CUDA_TRY(cudaLaunchCooperativeKernel(kernel_, dim3(grid_), dim3(kBlockThreads), params, smem_, stream));
+  return detail::check_launch("megakernel");
+}
+
+Status Megakernel::run(cudaStream_t stream) const {
+  ENCORE_REQUIRE(device_ && pipeline_, StatusCode::kInvalidArgument, "Megakernel::run: nothing built");
+  ENCORE_RETURN_IF_ERROR(pipeline_->enqueue_inputs(stream));
+  return launch(stream);
+}
+
+Status Megakernel::read_status(cudaStream_t stream) {
+  ENCORE_REQUIRE(device_, StatusCode::kInvalidArgument, "Megakernel::read_status: nothing built");
+  ENCORE_CUDA_TRY(cudaStreamSynchronize(stream));
+  std::vector<WaitReport> reports(static_cast<std::size_t>(grid_));
+  ENCORE_CUDA_TRY(cudaMemcpy(reports.data(), static_cast<char*>(device_) + report_offset_, reports.size() * sizeof(WaitReport),
+                             cudaMemcpyDeviceToHost));
+  // The earliest instruction that timed out: every later waiter waits, directly or not, on it.
+  const WaitReport* r = nullptr;
+  for (const WaitReport& w : reports)
+    if (w.aborted && (!r || w.instruction < r->instruction)) r = &w;
+  if (!r) return {};
+  const WaitReport first = *r;
+  ENCORE_CUDA_TRY(cudaMemset(static_cast<char*>(device_) + counters_offset_, 0, counters_bytes_));
+  auto name = [&](int i) { return i >= 0 && i < count_ ? program_[i].name : std::string("?"); };
+  return Status(StatusCode::kCudaError,
+                detail::concat("megakernel: a wait timed out in step ", first.step, ": instruction ", first.instruction, " (",
+                               name(first.instruction), ") on lane ", first.lane, " waited for instruction ", first.producer, " (",
+                               name(first.producer), ") to reach ", first.target, " tiles and saw ", first.seen,
+                               "; the launch ended early, the step's results are void"));
+}
+
+Status Megakernel::trace(cudaStream_t stream, std::vector<MegakernelInstructionTime>& out) const {
+  ENCORE_REQUIRE(device_ && trace_offset_, StatusCode::kInvalidArgument, "Megakernel::trace: not built with options.trace");
+  ENCORE_CUDA_TRY(cudaStreamSynchronize(stream));
+  std::vector<megakernel::TraceEntry> t(std::size_t(count_) * grid_);
+  ENCORE_CUDA_TRY(cudaMemcpy(t.data(), static_cast<char*>(device_) + trace_offset_, t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost));
+  std::uint64_t origin = ~0ull;
+  for (const auto& e : t)
+    if (e.start) origin = std::min(origin, e.start);
+  out.assign(std::size_t(count_), MegakernelInstructionTime{});
+  for (int i = 0; i < count_; ++i) {
+    MegakernelInstructionTime& m = out[i];
+    std::uint64_t start = ~0ull, first = ~0ull, last = 0, end = 0;
+    for (int b = 0; b < grid_; ++b) {
+      const megakernel::TraceEntry& e = t[std::size_t(i) * grid_ + b];
+      if (!e.start) continue;
+      ++m.blocks;
+      start = std::min(start, e.start), first = std::min(first, e.ready), last = std::max(last, e.ready), end = std::max(end, e.end);
+    }
+    if (!m.blocks) continue;
+    auto us = [&](std::uint64_t ns) { return double(ns - origin) * 1e-3; };
+    m.start = us(start), m.first_ready = us(first), m.last_ready = us(last), m.end = us(end);
+  }
+  return {};
+}
+
+}  // namespace encore::pipeline

@@ -1,0 +1,154 @@
+// The megakernel's program: one decode step as a table of instructions in global memory. Each
+// instruction names an op body (opcode), carries that body's device params as planned for the
+// megakernel's grid, its tile count, and its producers: earlier instructions and how many of their
+// tiles must be done this step, split into the producers its prologue needs (waited before the
+// prologue) and the rest (the body's wait()). Built on the host by lower.cu from the pipeline's
+// stage table; run by kernel.cu.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda.h>
+
+#include <encore/ops/kda.h>
+#include <encore/ops/mla.h>
+#include <encore/pipeline/stage_params.h>
+
+#include "gemv/gemv_tile.cuh"
+#include "moe/moe_expert_stream.cuh"
+#include "moe/moe_router_tile.cuh"
+
+namespace encore::pipeline::megakernel {
+
+enum class Opcode : std::int32_t {
+  kEmbed,
+  kGemv,             // rms / plain / gate-up Q4_K GEMV (gemv_body)
+  kKda,
+  kMlaSched,
+  kMlaQAbsorb,
+  kMlaKvAppend,
+  kMlaSplitKv,
+  kMlaCombine,
+  kMlaVUp,
+  kRouterGemv,       // MoE router logits (partial sums per K slice)
+  kRouterTopk,       // top-k of every token (a warp per token)
+  kMoeList,          // the expert work list (batches above 8 tokens)
+  kMoeQuantize,      // the experts' int8 input rows (batches above 8 tokens)
+  kMoeGateUp,        // expert gate/up items (up to 8 tokens: each block builds the list, quantises the input)
+  kMoeDown,          // expert down items + the ordered combine into x (up to 8 tokens: each block builds the list)
+  kCount,
+};
+
+// Wait until `need` tiles of instruction `instruction` (which has `per_step` tiles) are done in
+// the current step: its counter reaches step * per_step + need.
+struct Dep {
+  std::int32_t instruction;
+  std::int32_t need;
+  std::int32_t per_step;
+};
+inline constexpr int kMaxDeps = 8;
+
+struct GemvOp {
+  gemv::GemvTileParams p;
+  std::int32_t matrices;  // 1, or 2 (gate/up)
+};
+struct SplitKvOp {
+  ops::MlaAttentionParams p;
+  const CUtensorMap* pages;  // the page pool's map in the program's map table
+};
+struct RouterTopkOp {
+  moe::RouterTopkParams p;
+  std::int32_t lane_width;  // experts per lane (1, 2, 4, 8, 16)
+};
+struct ExpertsOp {
+  moe::ExpertsTileParams p;
+  moe::StreamShape shape;
+  const moe::StreamMaps* maps;  // in the program's map table
+};
+
+union OpParams {
+  EmbedParams embed;
+  GemvOp gemv;
+  ops::KdaParams kda;
+  ops::MlaSchedParams mla_sched;
+  ops::MlaQAbsorbParams mla_q_absorb;
+  ops::MlaKvAppendParams mla_kv_append;
+  SplitKvOp mla_splitkv;
+  ops::MlaAttentionParams mla_combine;
+  ops::MlaVUpParams mla_v_up;
+  moe::RouterGemvParams router_gemv;
+  RouterTopkOp router_topk;
+  moe::ExpertsTileParams moe_experts;  // list, quantize
+  ExpertsOp moe_stream;                // gate/up, down
+  OpParams() : embed{} {}
+};
+
+// What every block reads of every instruction, in one 16-byte load.
+struct alignas(16) Header {
+  Opcode op = Opcode::kEmbed;
+  std::int32_t tiles = 0;        // per step; block b runs lane (b + lane_offset) mod grid if < tiles
+  std::int32_t lane_offset = 0;
+  std::int16_t early_deps = 0;   // deps[0, early_deps): waited before the prologue
+  std::int16_t late_deps = 0;    // deps[early_deps, early_deps + late_deps): the body's wait()
+};
+static_assert(sizeof(Header) == 16);
+
+struct alignas(16) Instruction {
+  Header h;
+  Dep deps[kMaxDeps] = {};
+  OpParams params;
+};
+
+// Device memory the kernel keeps between launches (zeroed at build): the step counter, the exit
+// count that advances it, the stop flag, one tile counter per instruction (a 128-byte line each),
+// and per block the report of a wait that timed out.
+struct WaitReport {
+  std::uint32_t aborted;      // nonzero: this block's wait timed out and the launch ended early
+  std::int32_t instruction;   // the waiting instruction
+  std::int32_t lane;          // its lane (first tile) on the waiting block
+  std::int32_t producer;      // the instruction it waited for
+  std::uint32_t target;       // the count it waited for
+  std::uint32_t seen;         // the count it last saw
+  std::uint32_t step;
+};
+inline constexpr int kCounterStride = 32;  // uint32 per counter: one 128-byte line each
+
+// Trace mode: when each block reached an instruction, was released by its producers, and
+// signalled its tiles (globaltimer ns; zero where the block had no tile).
+struct TraceEntry {
+  std::uint64_t start, ready, end;
+};
+
+// The kernel's shared memory: two instruction slots, the block's schedule (the instructions it has
+// a tile of, in order), then what the bodies carve (split-KV aligns its part itself). Small: the
+// largest bodies leave only about 2 KB of the block's shared memory free.
+inline constexpr std::size_t kReservedSmem = 1920;
+inline constexpr int kMaxProgram = int((kReservedSmem - 2 * sizeof(Instruction)) / sizeof(std::uint16_t)) - 1;
+struct SmemLayout {
+  Instruction* slots[2];  // (kernel.cu indexes them from the base as well)
+  std::uint16_t* schedule;  // [0]: length, then instruction indices
+  char* body;
+  __host__ __device__ explicit SmemLayout(char* base) {
+    slots[0] = reinterpret_cast<Instruction*>(base);
+    slots[1] = slots[0] + 1;
+    schedule = reinterpret_cast<std::uint16_t*>(slots[0] + 2);
+    body = base + kReservedSmem;
+  }
+};
+
+struct KernelArgs {
+  const Instruction* program;
+  std::int32_t count;
+  // Per block, the instructions it runs: [grid][count + 1], row = {length, indices...}. Not used
+  // in stress mode, where every launch maps lanes afresh.
+  const std::uint16_t* schedule;
+  std::uint32_t* step;        // [0]: steps completed, [1]: blocks that finished a step, [2]: stop (a wait timed out)
+  std::uint32_t* done;        // [count * kCounterStride]: tiles done, monotonic over steps
+  WaitReport* report;         // [grid]
+  std::uint64_t wait_timeout_ns;  // 0: unbounded
+  std::uint32_t stress_seed;      // nonzero: permuted lanes and random producer delays
+  TraceEntry* trace;              // [count][grid], or null
+};
+
+}  // namespace encore::pipeline::megakernel

@@ -1,0 +1,247 @@
+// The megakernel path on the GPU against the graph path: over chained steps with changing tokens,
+// positions, lengths and pad rows, each step runs from the same state through both paths and the
+// logits, KDA states and MLA caches must agree bit for bit (the tiny models at their maximum batch
+// and at batch 1, the same with the stress mode's permuted lanes and delayed producers, and the
+// Kimi-Linear preset at batch 1 and 16). Also: the launch captured in a CUDA graph, the bounded
+// wait's report on a broken program, and build errors reported before anything runs.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <encore/graphs/decode_graph.h>
+#include <encore/pipeline/megakernel.h>
+#include <encore/pipeline/pipeline.h>
+
+#include "test_util.h"
+
+namespace encore::pipeline {
+namespace {
+
+using graphs::DecodeGraph;
+
+// Number of 32-bit words that differ between two device buffers (a test-only integer count).
+__global__ void count_differences(const std::uint32_t* a, const std::uint32_t* b, std::size_t words, unsigned long long* out) {
+  unsigned long long n = 0;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < words; i += std::size_t(gridDim.x) * blockDim.x)
+    n += a[i] != b[i];
+  if (n) atomicAdd(out, n);
+}
+
+unsigned long long differing_words(const void* a, const void* b, std::size_t bytes) {
+  test::DeviceBuffer<unsigned long long> count(1);
+  EXPECT_EQ(cudaSuccess, cudaMemset(count.get(), 0, 8));
+  count_differences<<<1024, 256>>>(static_cast<const std::uint32_t*>(a), static_cast<const std::uint32_t*>(b), bytes / 4, count.get());
+  EXPECT_EQ(cudaSuccess, cudaGetLastError());
+  return count.download()[0];
+}
+
+// Rows of a step: row b is a sequence (slot b % slots, its own pages) at position start + t, or a
+// pad row on the steps where `pad(b, t)` says so.
+struct StepPlan {
+  int rows, slots, pages_per_seq;
+  StepInputs at(int t, const ModelConfig& c) const {
+    StepInputs s;
+    for (int b = 0; b < rows; ++b) {
+      const bool pad = rows > 1 && (b + t) % 3 == 2;
+      const int pos = 7 * b + (b % 2 ? 59 : 3) + t;  // some rows cross a page boundary within the steps
+      s.token_ids.push_back((131 * t + 977 * b + 5) % c.vocab);
+      s.positions.push_back(pad ? 0 : pos);
+      s.seq_lens.push_back(pad ? 0 : pos + 1);
+      s.slot_ids.push_back(pad ? -1 : b % slots);
+      for (int i = 0; i < pages_per_seq; ++i) s.block_table.push_back(b * pages_per_seq + i);
+    }
+    return s;
+  }
+};
+
+// Runs `steps` steps; each from the same state through the graph, then through the megakernel.
+// Returns false (with failures recorded) at the first step that differs.
+void expect_paths_agree(Pipeline& p, const DecodeStep& graph, const DecodeStep& mk, const StepPlan& plan, int steps,
+                        cudaStream_t stream) {
+  const std::size_t state_bytes = std::size_t(p.state_layout().total_bytes());
+  const std::size_t logit_bytes = std::size_t(p.batch()) * p.config().vocab * 4;
+  test::DeviceBuffer<char> before(state_bytes), after_graph(state_bytes), logits_graph(logit_bytes);
+  float* logits = const_cast<float*>(p.logits());
+  ENCORE_OK(p.reset_state(stream));
+  for (int t = 0; t < steps; ++t) {
+    SCOPED_TRACE("step " + std::to_string(t));
+    ENCORE_OK(p.set_step(plan.at(t, p.config())));
+    CUDA_OK(cudaMemcpyAsync(before.get(), p.state(), state_bytes, cudaMemcpyDeviceToDevice, stream));
+    CUDA_OK(cudaMemsetAsync(logits, 0xFF, logit_bytes, stream));
+    ENCORE_OK(graph.run(stream));
+    CUDA_OK(cudaMemcpyAsync(after_graph.get(), p.state(), state_bytes, cudaMemcpyDeviceToDevice, stream));
+    CUDA_OK(cudaMemcpyAsync(logits_graph.get(), logits, logit_bytes, cudaMemcpyDeviceToDevice, stream));
+    CUDA_OK(cudaMemcpyAsync(p.state(), before.get(), state_bytes, cudaMemcpyDeviceToDevice, stream));
+    CUDA_OK(cudaMemsetAsync(logits, 0xFF, logit_bytes, stream));
+    ENCORE_OK(mk.run(stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    const unsigned long long logit_diff = differing_words(logits, logits_graph.get(), logit_bytes);
+    const unsigned long long state_diff = differing_words(p.state(), after_graph.get(), state_bytes);
+    ASSERT_EQ(logit_diff, 0u) << "logit words differ between the paths";
+    ASSERT_EQ(state_diff, 0u) << "state words (KDA states, MLA caches) differ between the paths";
+    if (t == 0) {  // the step did something: the state moved and the logits are numbers
+      EXPECT_GT(differing_words(p.state(), before.get(), state_bytes), 0u);
+      std::vector<float> row(p.config().vocab);
+      CUDA_OK(cudaMemcpy(row.data(), logits, row.size() * 4, cudaMemcpyDeviceToHost));
+      for (float v : row) ASSERT_TRUE(std::isfinite(v));
+    }
+  }
+  ENCORE_OK(p.read_errors(stream));
+}
+
+struct TinyCase {
+  bool rope;
+  int batch;
+  bool stress;
+};
+
+class MegakernelTiny : public ::testing::TestWithParam<TinyCase> {
+ protected:
+  void SetUp() override {
+    ENCORE_REQUIRE_GPU();
+    BufferOptions o;
+    o.max_batch = 3, o.max_slots = 4, o.max_pages = 16, o.max_pages_per_seq = 4;
+    ENCORE_OK(Pipeline::create(ModelConfig::tiny(GetParam().rope), o, p));
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    ENCORE_OK(p->fill_random_weights(seed, stream));
+    ENCORE_OK(p->set_batch(GetParam().batch));
+  }
+  void TearDown() override {
+    if (stream) EXPECT_EQ(cudaSuccess, cudaStreamDestroy(stream));
+  }
+  const std::uint64_t seed = test::fresh_seed();
+  std::unique_ptr<Pipeline> p;
+  cudaStream_t stream = nullptr;
+};
+
+TEST_P(MegakernelTiny, MatchesTheGraphBitForBit) {
+  SCOPED_TRACE(seed);
+  DecodeGraph graph;
+  ENCORE_OK(DecodeGraph::capture(*p, stream, graph));
+  MegakernelOptions options;
+  options.stress = GetParam().stress;
+  options.stress_seed = std::uint32_t(seed) | 1u;
+  Megakernel mk;
+  ENCORE_OK(Megakernel::build(*p, mk, options));
+  EXPECT_EQ(mk.grid(), test::sm_count());
+  const int steps = int(test::env_int("ENCORE_MEGAKERNEL_STEPS", 64));
+  expect_paths_agree(*p, graph, mk, StepPlan{p->batch(), 4, 4}, steps, stream);
+  ENCORE_OK(mk.read_status(stream));
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, MegakernelTiny,
+                         ::testing::Values(TinyCase{false, 3, false}, TinyCase{true, 3, false}, TinyCase{false, 1, false},
+                                           TinyCase{true, 1, false}, TinyCase{false, 3, true}, TinyCase{true, 3, true},
+                                           TinyCase{true, 1, true}),
+                         [](const auto& info) {
+                           return std::string(info.param.rope ? "RopeQLora" : "Nope") + "_B" + std::to_string(info.param.batch) +
+                                  (info.param.stress ? "_Stress" : "");
+                         });
+
+// The Kimi-Linear preset (random weights of the real shapes, ~28 GB) at batch 1 and 16.
+TEST(MegakernelKimi, MatchesTheGraphBitForBit) {
+  ENCORE_REQUIRE_GPU();
+  BufferOptions o;
+  o.max_batch = 16, o.max_slots = 16, o.max_pages_per_seq = 4, o.max_pages = 16 * 4;
+  std::unique_ptr<Pipeline> p;
+  ENCORE_OK(Pipeline::create(ModelConfig::kimi_linear_48b(), o, p));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(seed);
+  ENCORE_OK(p->fill_random_weights(seed, stream));
+  for (int batch : {1, 16}) {
+    SCOPED_TRACE(batch);
+    ENCORE_OK(p->set_batch(batch));
+    DecodeGraph graph;
+    ENCORE_OK(DecodeGraph::capture(*p, stream, graph));
+    Megakernel mk;
+    ENCORE_OK(Megakernel::build(*p, mk));
+    expect_paths_agree(*p, graph, mk, StepPlan{batch, 16, 4}, int(test::env_int("ENCORE_MEGAKERNEL_STEPS", 64)), stream);
+    ENCORE_OK(mk.read_status(stream));
+  }
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+class MegakernelGpu : public MegakernelTiny {};
+
+// The launch (with the input copy) captured into a CUDA graph gives the direct launch's bits.
+TEST_P(MegakernelGpu, RunsInsideACapturedGraph) {
+  Megakernel mk;
+  ENCORE_OK(Megakernel::build(*p, mk));
+  const StepPlan plan{p->batch(), 4, 4};
+  const std::size_t n = std::size_t(p->batch()) * p->config().vocab;
+  std::vector<float> direct(n), captured(n);
+  ENCORE_OK(p->set_step(plan.at(0, p->config())));
+  ENCORE_OK(p->reset_state(stream));
+  ENCORE_OK(mk.run(stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaMemcpy(direct.data(), p->logits(), n * 4, cudaMemcpyDeviceToHost));
+
+  cudaGraph_t g = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const Status run = mk.run(stream);
+  CUDA_OK(cudaStreamEndCapture(stream, &g));
+  ENCORE_OK(run);
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
+  ENCORE_OK(p->reset_state(stream));
+  CUDA_OK(cudaMemsetAsync(const_cast<float*>(p->logits()), 0xFF, n * 4, stream));
+  CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaMemcpy(captured.data(), p->logits(), n * 4, cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(test::bitwise_equal(direct.data(), captured.data(), n * 4));
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(g));
+  ENCORE_OK(mk.read_status(stream));
+}
+
+// A program with a dependency that can never be met: the bounded wait names it, the launch ends,
+// and a correct megakernel built afterwards runs on the same context.
+TEST_P(MegakernelGpu, ABrokenDependencyIsReportedNotHung) {
+  Megakernel probe;
+  ENCORE_OK(Megakernel::build(*p, probe));
+  int victim = -1;
+  for (std::size_t i = 0; i < probe.program().size() && victim < 0; ++i)
+    if (probe.program()[i].name.find("kda") != std::string::npos && !probe.program()[i].producers.empty()) victim = int(i);
+  ASSERT_GE(victim, 0);
+  MegakernelOptions broken;
+  broken.break_dependency_of = victim;
+  broken.wait_timeout_ms = 50;
+  Megakernel mk;
+  ENCORE_OK(Megakernel::build(*p, mk, broken));
+  ENCORE_OK(p->set_step(StepPlan{p->batch(), 4, 4}.at(0, p->config())));
+  ENCORE_OK(mk.run(stream));
+  const Status s = mk.read_status(stream);
+  EXPECT_EQ(s.code(), StatusCode::kCudaError);
+  EXPECT_NE(s.message().find("instruction " + std::to_string(victim) + " (" + probe.program()[victim].name + ")"), std::string::npos)
+      << s.message();
+  ENCORE_OK(mk.read_status(stream));  // reported once
+
+  ENCORE_OK(p->reset_state(stream));
+  ENCORE_OK(probe.run(stream));
+  ENCORE_OK(probe.read_status(stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+}
+
+TEST_P(MegakernelGpu, BadOptionsFailBeforeAnythingRuns) {
+  Megakernel mk;
+  MegakernelOptions o;
+  o.break_dependency_of = 1 << 20;
+  EXPECT_EQ(Megakernel::build(*p, mk, o).code(), StatusCode::kOutOfRange);
+  EXPECT_FALSE(mk.valid());
+  EXPECT_EQ(mk.run(stream).code(), StatusCode::kInvalidArgument);
+  o.break_dependency_of = 0;  // the embedding has no producer
+  EXPECT_EQ(Megakernel::build(*p, mk, o).code(), StatusCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, MegakernelGpu, ::testing::Values(TinyCase{true, 3, false}),
+                         [](const auto&) { return std::string("RopeQLora_B3"); });
+
+}  // namespace
+}  // namespace encore::pipeline

@@ -1,0 +1,203 @@
+// The megakernel's program, lowered on the host from stage tables on fake arena bases (no GPU):
+// every hazard between two instructions is covered by the dependencies (directly or through
+// others, and through prologue dependencies where the prologue touches the bytes), none of the
+// kept dependencies is implied by another, producers come strictly earlier, and the MoE layer is
+// cut into its separate instructions.
+#include <algorithm>
+#include <bitset>
+#include <cstdint>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <encore/pipeline/stage_list.h>
+#include <encore/pipeline/weight_layout.h>
+
+#include "pipeline/megakernel/lower.h"
+#include "test_util.h"
+
+namespace encore::pipeline::megakernel {
+namespace {
+
+void* fake(std::uintptr_t tb) { return reinterpret_cast<void*>(tb << 40); }
+
+// The pipeline's stage table for `config` at `batch` rows, on fake arena bases.
+std::vector<Stage> stages_of(const ModelConfig& config, int batch, int max_batch) {
+  BufferOptions o;
+  o.max_batch = max_batch, o.max_slots = 16, o.max_pages = 64, o.max_pages_per_seq = 16, o.mla_num_parts = 132;
+  TensorArena weights, buffers, state;
+  throw_if_error(build_weight_layout(config, weights));
+  throw_if_error(build_buffer_layout(config, o, buffers));
+  throw_if_error(build_state_layout(config, o, state));
+  std::vector<Stage> stages;
+  throw_if_error(build_stage_list({&config, &o, &weights, &buffers, &state, {fake(1), fake(2), fake(3)}, batch}, stages));
+  return stages;
+}
+
+const Target kH200{132, 232448};
+
+Program lowered(const std::vector<Stage>& stages, const Target& target = kH200) {
+  Program p;
+  const Status s = lower(stages, target, reinterpret_cast<const CUtensorMap*>(fake(4)), &p);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return p;
+}
+
+bool conflict(const Access& a, const Access& b) {
+  return (a.write || b.write) && a.begin < a.end && b.begin < b.end && a.begin < b.end && b.begin < a.end;
+}
+
+// Checks soundness and minimality of the program's dependencies; returns its longest chain.
+int check_dependencies(const Program& p) {
+  const int n = int(p.instructions.size());
+  constexpr int kMax = 1024;
+  std::vector<std::bitset<kMax>> all(n), through_early(n);  // ancestors; ancestors via prologue deps
+  std::vector<int> depth(n, 1);
+  int longest = 0;
+  for (int j = 0; j < n; ++j) {
+    const Instruction& ins = p.instructions[j];
+    const int deps = ins.h.early_deps + ins.h.late_deps;
+    EXPECT_LE(deps, kMaxDeps);
+    for (int d = 0; d < deps; ++d) {
+      const Dep& dep = ins.deps[d];
+      EXPECT_TRUE(dep.instruction >= 0 && dep.instruction < j) << p.info[j].name << " waits on a later instruction";
+      if (dep.instruction < 0 || dep.instruction >= j) return -1;
+      EXPECT_EQ(dep.per_step, p.instructions[dep.instruction].h.tiles);
+      EXPECT_EQ(dep.need, dep.per_step) << "producers are waited for whole";
+      all[j] |= all[dep.instruction], all[j].set(dep.instruction);
+      if (d < ins.h.early_deps) through_early[j] |= all[dep.instruction], through_early[j].set(dep.instruction);
+      depth[j] = std::max(depth[j], depth[dep.instruction] + 1);
+    }
+    longest = std::max(longest, depth[j]);
+    for (int d = 0; d < deps; ++d)  // minimal: no kept dependency implied by another kept one
+      for (int e = 0; e < deps; ++e)
+        if (e != d && (d >= ins.h.early_deps || e < ins.h.early_deps))
+          EXPECT_FALSE(all[ins.deps[e].instruction].test(ins.deps[d].instruction))
+              << p.info[j].name << ": its dependency on " << p.info[ins.deps[d].instruction].name << " is implied";
+    for (int i = 0; i < j; ++i)  // sound: every hazard ordered
+      for (const Access& b : p.info[j].accesses)
+        for (const Access& a : p.info[i].accesses)
+          if (conflict(a, b)) {
+            EXPECT_TRUE(all[j].test(i)) << p.info[j].name << " is not ordered after " << p.info[i].name;
+            if (b.early) EXPECT_TRUE(through_early[j].test(i)) << p.info[j].name << "'s prologue is not ordered after " << p.info[i].name;
+          }
+  }
+  return longest;
+}
+
+std::vector<Opcode> opcodes(const Program& p) {
+  std::vector<Opcode> ops;
+  for (const Instruction& i : p.instructions) ops.push_back(i.h.op);
+  return ops;
+}
+
+struct Case {
+  const char* name;
+  ModelConfig config;
+  int batch, max_batch;
+};
+
+
+TEST(MegakernelLower, ProgramsAreSoundMinimalAndOrdered) {
+  const Case cases[] = {{"tiny", ModelConfig::tiny(), 3, 3},
+                        {"tiny rope", ModelConfig::tiny(true), 1, 3},
+                        {"kimi b1", ModelConfig::kimi_linear_48b(), 1, 16},
+                        {"kimi b16", ModelConfig::kimi_linear_48b(), 16, 16}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::vector<Stage> stages = stages_of(c.config, c.batch, c.max_batch);
+    const Program p = lowered(stages);
+    ASSERT_FALSE(p.instructions.empty());
+    EXPECT_EQ(p.grid, kH200.sms);
+    EXPECT_LE(p.smem, kH200.smem_per_block);
+    for (const MapRequest& m : p.maps) EXPECT_LE(m.slot + m.count, p.map_slots);
+    EXPECT_LE(p.map_slots, map_slots_bound(stages));
+    const int chain = check_dependencies(p);
+    // The schedule: every lane of every instruction (its tiles, at most one per block) on one block.
+    const int count = int(p.instructions.size());
+    ASSERT_EQ(p.schedule.size(), std::size_t(p.grid) * (count + 1));
+    std::vector<std::vector<int>> lanes(count);
+    for (int b = 0; b < p.grid; ++b) {
+      const std::uint16_t* row = p.schedule.data() + std::size_t(b) * (count + 1);
+      for (int k = 0; k < row[0]; ++k) {
+        ASSERT_LT(row[1 + k], count);
+        if (k > 0) EXPECT_LT(row[k], row[1 + k]) << "block " << b << " runs its instructions out of order";
+        lanes[row[1 + k]].push_back((b + p.instructions[row[1 + k]].h.lane_offset) % p.grid);
+      }
+    }
+    for (int i = 0; i < count; ++i) {
+      std::sort(lanes[i].begin(), lanes[i].end());
+      const int want = std::min(p.instructions[i].h.tiles, p.grid);
+      ASSERT_EQ(int(lanes[i].size()), want) << p.info[i].name;
+      for (int l = 0; l < want; ++l) EXPECT_EQ(lanes[i][l], l) << p.info[i].name;
+    }
+    int levels = 0;
+    for (const Stage& s : stages) levels += s.joins_previous ? 0 : 1;
+    std::cout << "[ measured ] " << c.name << ": " << stages.size() << " stages, " << p.instructions.size()
+              << " instructions, longest dependency chain " << chain << " (graph: " << levels << " levels), " << p.smem
+              << " bytes of shared memory\n";
+  }
+}
+
+// Kimi-Linear: each MoE layer is router GEMV, top-k, gate/up, down; above 8 tokens the input
+// quantiser and the work list are instructions of their own (up to 8 the stream blocks build the
+// list and quantise the input themselves, as the graph path's small-batch plan does).
+TEST(MegakernelLower, MoeLayersAreSeparateInstructions) {
+  for (int batch : {1, 8, 16}) {
+    SCOPED_TRACE(batch);
+    const Program p = lowered(stages_of(ModelConfig::kimi_linear_48b(), batch, 16));
+    const std::vector<Opcode> ops = opcodes(p);
+    const bool in_block = batch <= 8;
+    const int moe_layers = ModelConfig::kimi_linear_48b().count(Mlp::kMoe);
+    for (Opcode op : {Opcode::kRouterGemv, Opcode::kRouterTopk, Opcode::kMoeGateUp, Opcode::kMoeDown})
+      EXPECT_EQ(std::count(ops.begin(), ops.end(), op), moe_layers);
+    EXPECT_EQ(std::count(ops.begin(), ops.end(), Opcode::kMoeQuantize), in_block ? 0 : moe_layers);
+    EXPECT_EQ(std::count(ops.begin(), ops.end(), Opcode::kMoeList), in_block ? 0 : moe_layers);
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const Instruction& ins = p.instructions[i];
+      auto producers = [&](int from, int to) {
+        std::vector<Opcode> v;
+        for (int d = from; d < to; ++d) v.push_back(ops[ins.deps[d].instruction]);
+        return v;
+      };
+      const std::vector<Opcode> early = producers(0, ins.h.early_deps);
+      const std::vector<Opcode> late = producers(ins.h.early_deps, ins.h.early_deps + ins.h.late_deps);
+      auto has = [](const std::vector<Opcode>& v, Opcode o) { return std::find(v.begin(), v.end(), o) != v.end(); };
+      if (ops[i] == Opcode::kMoeDown)  // its prologue needs the work list (or the routing) only
+        EXPECT_TRUE(has(early, in_block ? Opcode::kRouterTopk : Opcode::kMoeList)) << p.info[i].name;
+      if (ops[i] == Opcode::kMoeGateUp && in_block) {  // its prologue quantises x; the routing comes after
+        EXPECT_FALSE(has(early, Opcode::kRouterTopk) || has(early, Opcode::kRouterGemv)) << p.info[i].name;
+        EXPECT_TRUE(has(late, Opcode::kRouterTopk)) << p.info[i].name;
+      }
+      if (ops[i] == Opcode::kMoeQuantize)  // the experts' input needs x, not the routing
+        EXPECT_FALSE(has(early, Opcode::kRouterTopk) || has(late, Opcode::kRouterTopk) || has(late, Opcode::kRouterGemv))
+            << p.info[i].name;
+    }
+  }
+}
+
+// Split-KV's prologue waits for the scheduler only; KDA's for nothing (settled states).
+TEST(MegakernelLower, ProloguesWaitOnlyForSettledData) {
+  const Program p = lowered(stages_of(ModelConfig::kimi_linear_48b(), 1, 16));
+  for (std::size_t i = 0; i < p.instructions.size(); ++i) {
+    const Instruction& ins = p.instructions[i];
+    if (ins.h.op == Opcode::kMlaSplitKv) {
+      ASSERT_EQ(ins.h.early_deps, 1) << p.info[i].name;
+      EXPECT_EQ(p.instructions[ins.deps[0].instruction].h.op, Opcode::kMlaSched);
+    }
+    if (ins.h.op == Opcode::kKda || ins.h.op == Opcode::kGemv || ins.h.op == Opcode::kMlaSched) {
+      EXPECT_EQ(ins.h.early_deps, 0) << p.info[i].name;
+    }
+  }
+}
+
+TEST(MegakernelLower, RejectsWhatTheTargetCannotHold) {
+  const std::vector<Stage> stages = stages_of(ModelConfig::tiny(), 3, 3);
+  Program p;
+  EXPECT_EQ(lower(stages, Target{132, 64 * 1024}, nullptr, &p).code(), StatusCode::kUnsupported);  // split-KV needs ~207 KB
+  EXPECT_EQ(lower(stages, Target{0, 232448}, nullptr, &p).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(lower(stages, kH200, nullptr, nullptr).code(), StatusCode::kNullPointer);
+}
+
+}  // namespace
+}  // namespace encore::pipeline::megakernel
