@@ -1,7 +1,7 @@
-// The main job: one decode step of Kimi-Linear-48B-A3B (random Q4_K weights of the real shapes,
-// model.md) through the graph path: DecodeGraph replays, one per token, B sequences at a 4K
-// context. Also the same step launched eagerly (one stream launch per kernel) to show what the
-// graph saves. The megakernel path is not written yet.
+// One decode step of Kimi-Linear-48B-A3B (random Q4_K weights of the real shapes, docs/model.md),
+// B sequences at a 4K context, per path: DecodeGraph replays, the Megakernel, and the stages
+// launched eagerly (one stream launch per kernel) to show what the graph saves. The main job's
+// graph-vs-megakernel table over batches and contexts is bench/ab/decode_ab.cpp (encore_ab).
 // Bytes per step = pipeline::step_bytes (weights read once, experts touched under uniform routing,
 // KDA state read + write, MLA cache read); % of the measured read bandwidth.
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include <benchmark/benchmark.h>
 
 #include <encore/graphs/decode_graph.h>
+#include <encore/pipeline/megakernel.h>
 #include <encore/pipeline/pipeline.h>
 
 #include "bench_util.h"
@@ -55,28 +56,23 @@ bool ok(benchmark::State& state, const Status& st) {
   return st.ok();
 }
 
-pipeline::StepInputs step_inputs(int batch, int vocab) {
-  pipeline::StepInputs in;
-  const int pages = kContext / 64;
-  for (int b = 0; b < batch; ++b) {
-    in.token_ids.push_back((1009 * b + 17) % vocab);
-    in.positions.push_back(kContext - 1);
-    in.seq_lens.push_back(kContext);
-    in.slot_ids.push_back(b);
-    for (int i = 0; i < pages; ++i) in.block_table.push_back(b * pages + i);
-  }
-  return in;
-}
+pipeline::StepInputs step_inputs(int batch, int vocab) { return decode_inputs(batch, kContext, kContext / 64, vocab); }
 
-void BM_Decode(benchmark::State& state, bool use_graph) {
+enum class Path { kEager, kGraph, kMegakernel };
+
+void BM_Decode(benchmark::State& state, Path path) {
   const int batch = int(state.range(0));
   DecodeSetup& s = setup();
   if (!ok(state, s.status)) return;
   Pipeline& p = *s.pipe;
   graphs::DecodeGraph graph;
+  pipeline::Megakernel mk;
   if (!ok(state, p.set_batch(batch)) || !ok(state, p.set_step(step_inputs(batch, p.config().vocab)))) return;
-  if (use_graph && !ok(state, graphs::DecodeGraph::capture(p, s.stream, graph))) return;
-  auto step = [&] { return use_graph ? graph.replay(s.stream) : p.enqueue_step(s.stream); };
+  if (path == Path::kGraph && !ok(state, graphs::DecodeGraph::capture(p, s.stream, graph))) return;
+  if (path == Path::kMegakernel && !ok(state, pipeline::Megakernel::build(p, mk))) return;
+  auto step = [&] {
+    return path == Path::kGraph ? graph.replay(s.stream) : path == Path::kMegakernel ? mk.run(s.stream) : p.enqueue_step(s.stream);
+  };
   for (int i = 0; i < 3; ++i)  // warm-up
     if (!ok(state, step())) return;
   BENCH_CUDA(cudaStreamSynchronize(s.stream));
@@ -112,6 +108,7 @@ void BM_Decode(benchmark::State& state, bool use_graph) {
   state.counters["%read_bw"] = 100.0 * bytes.total() / med / f.read_bw_bytes_per_s;
   state.counters["floor_us"] = bytes.total() / f.read_bw_bytes_per_s * 1e6;
   state.counters["kernels"] = double(graph.valid() ? graph.num_nodes() - 1 : 0);  // minus the input copy
+  state.counters["instructions"] = double(mk.valid() ? mk.program().size() : 0);
 }
 
 const char* role_name(pipeline::StageRole r) {
@@ -188,9 +185,11 @@ void BM_DecodeStages(benchmark::State& state) {
 
 BENCHMARK(BM_DecodeStages)->Name("decode/kimi_linear/stages")->Arg(1)->Arg(16)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
-BENCHMARK_CAPTURE(BM_Decode, kimi_linear_graph, true)->Name("decode/kimi_linear/graph")->Arg(1)->Arg(4)->Arg(16)
+BENCHMARK_CAPTURE(BM_Decode, kimi_linear_graph, Path::kGraph)->Name("decode/kimi_linear/graph")->Arg(1)->Arg(4)->Arg(16)
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_Decode, kimi_linear_eager, false)->Name("decode/kimi_linear/eager")->Arg(1)
+BENCHMARK_CAPTURE(BM_Decode, kimi_linear_megakernel, Path::kMegakernel)->Name("decode/kimi_linear/megakernel")->Arg(1)->Arg(4)->Arg(16)
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Decode, kimi_linear_eager, Path::kEager)->Name("decode/kimi_linear/eager")->Arg(1)
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace

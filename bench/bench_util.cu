@@ -117,6 +117,18 @@ void* device_alloc(std::size_t bytes) {
 DeviceMemory::DeviceMemory(std::size_t bytes) { BENCH_CUDA(cudaMalloc(&ptr_, bytes)); }
 DeviceMemory::~DeviceMemory() { cudaFree(ptr_); }
 
+pipeline::StepInputs decode_inputs(int batch, int context, int pages_per_seq, int vocab) {
+  pipeline::StepInputs in;
+  for (int b = 0; b < batch; ++b) {
+    in.token_ids.push_back((1009 * b + 17) % vocab);
+    in.positions.push_back(context - 1);
+    in.seq_lens.push_back(context);
+    in.slot_ids.push_back(b);
+    for (int i = 0; i < pages_per_seq; ++i) in.block_table.push_back(b * pages_per_seq + i);
+  }
+  return in;
+}
+
 void fill_random_bytes(void* ptr, std::size_t bytes, std::uint64_t seed) {
   fill_bytes_kernel<<<1024, 256>>>(static_cast<std::uint64_t*>(ptr), bytes / 8, seed);
   BENCH_CUDA(cudaGetLastError());

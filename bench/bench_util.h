@@ -10,6 +10,8 @@
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
+#include <encore/pipeline/pipeline.h>
+
 namespace encore::bench {
 
 struct DeviceFacts {
@@ -57,6 +59,10 @@ class DeviceMemory {
 
 // Calls per captured graph: a multiple of `copies` (the rotation) with at least `min_calls`.
 inline int graph_calls(int copies, int min_calls = 24) { return (min_calls + copies - 1) / copies * copies; }
+
+// A decode step of `batch` sequences at `context` tokens: row b in slot b, pages
+// [b * pages_per_seq, (b + 1) * pages_per_seq).
+pipeline::StepInputs decode_inputs(int batch, int context, int pages_per_seq, int vocab);
 
 void fill_random_bytes(void* ptr, std::size_t bytes, std::uint64_t seed);
 void fill_random_floats(float* ptr, std::size_t count, std::uint64_t seed, float lo = -1.f, float hi = 1.f);

@@ -28,8 +28,10 @@ declare -A small=(
   [kda]='KdaGpu.OneStep*:KdaGpu.SlotIsolationAndPadding:KdaGpu.BadSlotIdsLeaveStatesUntouched'
   [mla]='MlaGpu.MixedBatchAllHeadCounts:MlaGpu.AppendRopePositionsAndNopeCopy:MlaGpu.BadDeviceInputLeavesCacheUntouched'
   [moe]='MoeTopkGpu.*:MoeRouterGpu.*:MoeExpertsGpu.Small*'
+  [pipeline]='Tiny/MegakernelTiny.*:Tiny/MegakernelGpu.RunsInsideACapturedGraph*:Tiny/PipelineGpu.GraphReplaysMatchEagerStepsBitForBit*'
 )
-for area in gemv q4k kda mla moe; do
+export ENCORE_MEGAKERNEL_STEPS=4  # the megakernel's bit-identity tests, shortened under the sanitizers
+for area in gemv q4k kda mla moe pipeline; do
   for tool in memcheck racecheck synccheck; do
     log="$out/${tool}_${area}.log"
     compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests/encore_test_$area" --gtest_filter="${small[$area]}" > "$log" 2>&1
@@ -37,6 +39,7 @@ for area in gemv q4k kda mla moe; do
   done
 done
 
+unset ENCORE_MEGAKERNEL_STEPS
 build/bench/encore_bench --benchmark_filter="$filter" --benchmark_min_time=0.02 \
   --benchmark_out="$out/bench.json" --benchmark_out_format=json > "$out/bench.log" 2>&1
 echo "bench rc=$?"

@@ -1,0 +1,261 @@
+// encore_ab, the main job: the graph path against the megakernel on the Kimi-Linear-48B-A3B preset
+// (random Q4_K weights of the real shapes, ~28 GB) for batches and contexts, in one run on one GPU:
+// per-token latency of each path (medians over interleaved rounds), tokens/s, % of the bandwidth
+// floor (pipeline::step_bytes over the read bandwidth measured in the same run) and the speed-up.
+// Before timing, each batch runs one step through both paths from the same state and checks that
+// the logits agree bit for bit. Writes a table to stdout, JSON, and (through plot_ab.py, when
+// python3 with matplotlib is there) a PNG of latency against context, one panel per batch.
+//
+//   encore_ab [--batches 1,4,16] [--contexts 1024,4096,16384,32768] [--long 131072]
+//             [--steps 10] [--rounds 7] [--out DIR]
+// Without a CUDA device it says so and exits with status 1.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include <encore/device.h>
+#include <encore/graphs/decode_graph.h>
+#include <encore/pipeline/megakernel.h>
+#include <encore/pipeline/pipeline.h>
+
+#include "bench_util.h"
+
+namespace {
+
+using encore::Status;
+using encore::pipeline::DecodeStep;
+using encore::pipeline::Megakernel;
+using encore::pipeline::Pipeline;
+
+struct Options {
+  std::vector<int> batches = {1, 4, 16};
+  std::vector<int> contexts = {1024, 4096, 16384, 32768};
+  int long_context = 131072;  // batch 1 only
+  int steps = 10, rounds = 7;
+  std::string out = "out";
+  bool trace = false;  // also one traced megakernel step per point: where its time goes
+};
+
+std::vector<int> parse_list(const char* s) {
+  std::vector<int> v;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) v.push_back(std::atoi(item.c_str()));
+  return v;
+}
+
+bool parse(int argc, char** argv, Options& o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const char* next = i + 1 < argc ? argv[i + 1] : nullptr;
+    if (a == "--help" || a == "-h") {
+      std::printf("usage: encore_ab [--batches 1,4,16] [--contexts 1024,4096,16384,32768] [--long 131072 (batch 1; 0: none)]\n"
+                  "                 [--steps 10] [--rounds 7] [--out DIR] [--trace]\n");
+      std::exit(0);
+    }
+    if (a == "--trace") {
+      o.trace = true;
+      continue;
+    }
+    if (!next) return false;
+    if (a == "--batches") o.batches = parse_list(next);
+    else if (a == "--contexts") o.contexts = parse_list(next);
+    else if (a == "--long") o.long_context = std::atoi(next);
+    else if (a == "--steps") o.steps = std::max(1, std::atoi(next));
+    else if (a == "--rounds") o.rounds = std::max(1, std::atoi(next));
+    else if (a == "--out") o.out = next;
+    else return false;
+    ++i;
+  }
+  return true;
+}
+
+void check(const Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "encore_ab: %s: %s\n", what, s.to_string().c_str());
+    std::exit(2);
+  }
+}
+
+// Median over rounds of the per-step time of `steps` back-to-back steps; the two paths alternate
+// round by round so drift in clocks or temperature hits both alike.
+void time_paths(const DecodeStep& graph, const DecodeStep& mk, const Options& o, cudaStream_t stream, double& graph_s, double& mk_s) {
+  cudaEvent_t a, b;
+  BENCH_CUDA(cudaEventCreate(&a));
+  BENCH_CUDA(cudaEventCreate(&b));
+  std::vector<double> t[2];
+  const DecodeStep* paths[2] = {&graph, &mk};
+  for (int r = -1; r < o.rounds; ++r)  // round -1: warm-up
+    for (int p = 0; p < 2; ++p) {
+      BENCH_CUDA(cudaEventRecord(a, stream));
+      for (int s = 0; s < o.steps; ++s) check(paths[p]->run(stream), paths[p]->path());
+      BENCH_CUDA(cudaEventRecord(b, stream));
+      BENCH_CUDA(cudaEventSynchronize(b));
+      float ms = 0;
+      BENCH_CUDA(cudaEventElapsedTime(&ms, a, b));
+      if (r >= 0) t[p].push_back(ms * 1e-3 / o.steps);
+    }
+  for (auto& v : t) std::sort(v.begin(), v.end());
+  graph_s = t[0][t[0].size() / 2];
+  mk_s = t[1][t[1].size() / 2];
+  BENCH_CUDA(cudaEventDestroy(a));
+  BENCH_CUDA(cudaEventDestroy(b));
+}
+
+// One step through each path from the same state: do the logits agree bit for bit?
+bool same_bits(Pipeline& p, const DecodeStep& graph, const DecodeStep& mk, cudaStream_t stream) {
+  const std::size_t state = std::size_t(p.state_layout().total_bytes()), logits = std::size_t(p.batch()) * p.config().vocab * 4;
+  encore::bench::DeviceMemory saved(state);
+  std::vector<char> a(logits), b(logits);
+  BENCH_CUDA(cudaMemcpyAsync(saved.as(), p.state(), state, cudaMemcpyDeviceToDevice, stream));
+  check(graph.run(stream), "graph");
+  BENCH_CUDA(cudaMemcpyAsync(a.data(), p.logits(), logits, cudaMemcpyDeviceToHost, stream));
+  BENCH_CUDA(cudaMemcpyAsync(p.state(), saved.as(), state, cudaMemcpyDeviceToDevice, stream));
+  check(mk.run(stream), "megakernel");
+  BENCH_CUDA(cudaMemcpyAsync(b.data(), p.logits(), logits, cudaMemcpyDeviceToHost, stream));
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  return std::memcmp(a.data(), b.data(), logits) == 0;
+}
+
+// A traced megakernel step: per instruction class (its name without the layer), the time from its
+// producers' last signal to its own last signal, split at its last release: release latency and
+// work. Along the step's dependency chain these add up to about the step.
+void print_trace(const Megakernel& mk, const std::vector<encore::pipeline::MegakernelInstructionTime>& t) {
+  struct Sum {
+    double first = 0, release = 0, work = 0;
+    int count = 0;
+  };
+  std::vector<std::pair<std::string, Sum>> classes;
+  double step = 0;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    if (!t[i].blocks) continue;
+    const auto& info = mk.program()[i];
+    double dep_end = 0;
+    for (const auto* list : {&info.prologue_producers, &info.producers})
+      for (int j : *list) dep_end = std::max(dep_end, t[j].end);
+    std::string name = info.name;
+    if (name.rfind("blk.", 0) == 0) name = name.substr(name.find('.', 4) + 1);
+    auto it = std::find_if(classes.begin(), classes.end(), [&](const auto& c) { return c.first == name; });
+    if (it == classes.end()) it = classes.insert(classes.end(), {name, Sum{}});
+    it->second.first += std::max(0.0, t[i].first_ready - dep_end);
+    it->second.release += std::max(0.0, t[i].last_ready - dep_end);
+    it->second.work += std::max(0.0, t[i].end - std::max(dep_end, t[i].last_ready));
+    it->second.count++;
+    step = std::max(step, t[i].end);
+  }
+  std::printf("  traced step %.1f us; per class: instructions, then us summed over them: producers' last signal -> first\n"
+              "  release, -> last release, last release -> last signal\n", step);
+  for (const auto& [name, s] : classes)
+    std::printf("    %-16s %3d  %8.1f  %8.1f  %8.1f\n", name.c_str(), s.count, s.first, s.release, s.work);
+}
+
+struct Row {
+  int batch, context;
+  double graph_us, mk_us, floor_us, mb;
+  bool identical;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!parse(argc, argv, o)) {
+    std::fprintf(stderr, "encore_ab: bad arguments (--help lists them)\n");
+    return 2;
+  }
+  std::string why;
+  if (!encore::cuda_device_available(&why)) {
+    std::fprintf(stderr, "encore_ab: %s; the A/B needs an NVIDIA GPU (built for sm_90a: H100/H200) with ~40 GB free.\n", why.c_str());
+    return 1;
+  }
+  const auto& f = encore::bench::device_facts();
+  std::printf("device %s: %d SMs, measured read %.0f GB/s\n", f.name.c_str(), f.sms, f.read_bw_bytes_per_s * 1e-9);
+  const encore::pipeline::ModelConfig config = encore::pipeline::ModelConfig::kimi_linear_48b();
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  std::vector<Row> rows;
+  for (int batch : o.batches) {
+    std::vector<int> contexts = o.contexts;
+    if (batch == 1 && o.long_context > 0) contexts.push_back(o.long_context);
+    const int max_context = *std::max_element(contexts.begin(), contexts.end());
+    encore::pipeline::BufferOptions bo;
+    bo.max_batch = batch, bo.max_slots = batch;
+    bo.max_pages_per_seq = (max_context + 63) / 64, bo.max_pages = batch * bo.max_pages_per_seq;
+    std::unique_ptr<Pipeline> p;
+    check(Pipeline::create(config, bo, p), "Pipeline::create");
+    std::printf("batch %d: filling %.1f GB of weights ...\n", batch, p->weight_layout().total_bytes() * 1e-9);
+    std::fflush(stdout);
+    check(p->fill_random_weights(0x5EED, stream), "fill_random_weights");
+    check(p->reset_state(stream), "reset_state");
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    encore::graphs::DecodeGraph graph;
+    check(encore::graphs::DecodeGraph::capture(*p, stream, graph), "DecodeGraph::capture");
+    Megakernel mk, traced;
+    check(Megakernel::build(*p, mk), "Megakernel::build");
+    encore::pipeline::MegakernelOptions trace_options;
+    trace_options.trace = true;
+    if (o.trace) check(Megakernel::build(*p, traced, trace_options), "Megakernel::build (trace)");
+    std::printf("batch %d: graph of %zu nodes, megakernel of %zu instructions on %d blocks, %zu B shared memory\n", batch,
+                graph.num_nodes(), mk.program().size(), mk.grid(), mk.smem_bytes());
+    for (int context : contexts) {
+      check(p->set_step(encore::bench::decode_inputs(batch, context, bo.max_pages_per_seq, config.vocab)), "set_step");
+      const bool identical = same_bits(*p, graph, mk, stream);
+      double g = 0, m = 0;
+      time_paths(graph, mk, o, stream, g, m);
+      check(p->read_errors(stream), "read_errors");
+      check(mk.read_status(stream), "megakernel");
+      const double bytes = encore::pipeline::step_bytes(config, batch, context).total();
+      rows.push_back({batch, context, g * 1e6, m * 1e6, bytes / f.read_bw_bytes_per_s * 1e6, bytes * 1e-6, identical});
+      std::printf("batch %2d, context %6d: graph %8.1f us, megakernel %8.1f us (%s)\n", batch, context, g * 1e6, m * 1e6,
+                  identical ? "same bits" : "BITS DIFFER");
+      if (o.trace) {
+        std::vector<encore::pipeline::MegakernelInstructionTime> t;
+        for (int w = 0; w < 3; ++w) check(traced.run(stream), "megakernel (trace)");
+        check(traced.trace(stream, t), "trace");
+        print_trace(traced, t);
+      }
+      std::fflush(stdout);
+    }
+  }
+
+  std::printf("\n| batch | context | graph us | megakernel us | graph tok/s | megakernel tok/s | floor us | graph %% of floor | megakernel %% of floor | speed-up | bits |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Row& r : rows)
+    std::printf("| %d | %d | %.1f | %.1f | %.0f | %.0f | %.1f | %.1f | %.1f | %.3fx | %s |\n", r.batch, r.context, r.graph_us, r.mk_us,
+                r.batch / r.graph_us * 1e6, r.batch / r.mk_us * 1e6, r.floor_us, 100 * r.floor_us / r.graph_us,
+                100 * r.floor_us / r.mk_us, r.graph_us / r.mk_us, r.identical ? "same" : "DIFFER");
+
+  const std::string json = o.out + "/ab.json", png = o.out + "/ab.png";
+  if (std::system(("mkdir -p '" + o.out + "'").c_str()) != 0) std::fprintf(stderr, "encore_ab: cannot create %s\n", o.out.c_str());
+  if (FILE* j = std::fopen(json.c_str(), "w")) {
+    std::fprintf(j, "{\n  \"device\": \"%s\",\n  \"read_GBps\": %.1f,\n  \"model\": \"kimi_linear_48b\",\n  \"rows\": [\n", f.name.c_str(),
+                 f.read_bw_bytes_per_s * 1e-9);
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      std::fprintf(j, "    {\"batch\": %d, \"context\": %d, \"graph_us\": %.2f, \"megakernel_us\": %.2f, \"floor_us\": %.2f, "
+                      "\"step_MB\": %.1f, \"same_bits\": %s}%s\n",
+                   r.batch, r.context, r.graph_us, r.mk_us, r.floor_us, r.mb, r.identical ? "true" : "false", i + 1 < rows.size() ? "," : "");
+    }
+    std::fprintf(j, "  ]\n}\n");
+    std::fclose(j);
+    std::printf("\nwrote %s\n", json.c_str());
+  }
+  // The plot: a small matplotlib script beside this binary's sources.
+  const std::string script = std::string(ENCORE_SOURCE_DIR) + "/bench/ab/plot_ab.py";
+  const int plotted = std::system(("python3 '" + script + "' '" + json + "' '" + png + "'").c_str());
+  if (plotted != 0)
+    std::printf("no plot: it needs python3 with matplotlib (pip install matplotlib), then: python3 %s %s %s\n", script.c_str(),
+                json.c_str(), png.c_str());
+  bool all_same = true;
+  for (const Row& r : rows) all_same &= r.identical;
+  BENCH_CUDA(cudaStreamDestroy(stream));
+  return all_same ? 0 : 3;
+}
