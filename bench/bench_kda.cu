@@ -1,5 +1,5 @@
 // KDA decode step, Kimi-Linear dims (H = 32, K = V = 128, gate rank 128), graph-replayed with the
-// state pools rotated beyond L2 (cold state, as in the real model). Bytes per step (spec §7):
+// state pools rotated beyond L2 (cold state, as in the real model). Bytes per step (docs/kda.md §7):
 // recurrent state read + write, conv state read + write, proj row in, y out; % of the measured
 // copy bandwidth (read + write roof).
 //   BM_KdaFused          the op (one kernel), no device slot check (caller-validated ids)
@@ -244,7 +244,7 @@ __global__ void unfused_norm_kernel(ops::KdaParams p, const float* o_ws, const f
 // registers (16 rows per warp, as the op), the conv history of its channels, then every value
 // written back in place. Split = 1: a tile is a (row, head), at the op's residency (2 blocks per
 // SM) or at 3; Split = 4: a quarter of a head's V rows and channels per tile (4 rows per warp, the
-// spec's batch-1 decomposition), 4x the tiles.
+// V-split of docs/kda.md §6), 4x the tiles.
 template <int MinBlocks, int Split>
 __global__ void __launch_bounds__(kBlockThreads, MinBlocks) state_touch_kernel(ops::KdaParams p) {
   constexpr int D = kHeadDim, E = 4, R = D / Split / kWarpsPerBlock, kChannels = 3 * D / Split;

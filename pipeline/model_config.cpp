@@ -33,7 +33,7 @@ ModelConfig ModelConfig::tiny(bool rope) {
   c.vocab = 512;
   c.dense_width = 512;
   c.kda.heads = 2;
-  c.mla.heads = 8;  // model.md §6 says 2; 8 is the fewest the MLA op specialises on (mla_validate.cpp)
+  c.mla.heads = 8;  // the fewest the MLA op specialises on (mla_validate.cpp; docs/model.md §6)
   c.moe.experts = 16;
   c.moe.top_k = 4;
   c.moe.groups = 4;

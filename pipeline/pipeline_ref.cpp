@@ -1,4 +1,4 @@
-// fp64 reference of a whole decode step (ref/pipeline.h): model.md §3 in the stage order of
+// fp64 reference of a whole decode step (ref/pipeline.h): docs/model.md §3 in the stage order of
 // stage_list.cpp, built from the ops' references, with weights looked up by name.
 #include <encore/ref/pipeline.h>
 

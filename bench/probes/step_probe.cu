@@ -1,5 +1,5 @@
 // Bytes-alone probe of one Kimi-Linear decode step at batch 1 (4K context): the step's stage list
-// (model.md §4-5 byte budget), each stage reading its own distinct bytes, with no math.
+// (docs/model.md §4-5 byte budget), each stage reading its own distinct bytes, with no math.
 // Variants:
 //   stream   one cooperative kernel reads all stages back to back, no barriers (the floor)
 //   barrier  one cooperative kernel, a grid barrier after every stage (a megakernel with

@@ -1,7 +1,7 @@
 // Q4_K: GGML's `block_q4_K`, byte for byte (GGUF tensors load without repacking).
 // 256 weights per 144-byte block: fp16 d and dmin, twelve bytes packing eight 6-bit sub-block
 // scales and mins, and 128 bytes of 4-bit codes. w_j = (d*sc[s])*q_j - (dmin*m[s]), s = j/32.
-// See shared/specs/q4k.md for the bit layout; this header is the normative C++ form of it.
+// See docs/q4k.md for the bit layout; this header is the normative C++ form of it.
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-// int8 activations in the layout the Q4_K dot product wants (specs/q4k.md §8.3).
+// int8 activations in the layout the Q4_K dot product wants (docs/q4k.md §8 item 3).
 // Per 256-value block and token: 256 int8 codes + eight float4 "meta" = 384 bytes.
 //   codes[0..127]   : the "lo" halves: lane c's 16 codes of sub-block 2*(c/2), positions 16*(c%2)..+15
 //   codes[128..255] : the "hi" halves: the same positions of sub-block 2*(c/2)+1

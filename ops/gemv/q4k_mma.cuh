@@ -1,4 +1,4 @@
-// Int8 tensor-core core of the Q4_K GEMV for 5..16 tokens (specs/q4k.md §9): one
+// Int8 tensor-core core of the Q4_K GEMV for 5..16 tokens (docs/q4k.md §9): one
 // mma.sync.m16n8k32 per sub-block, A = the 4-bit codes of 16 weight rows, B = the int8 codes of 8
 // tokens, exact int32 dots; the sub-block scales and mins are applied in fp32 afterwards by the
 // dp4a core's own per-pair expression (stream::pair_term).

@@ -3,7 +3,7 @@
 // math then reads a block as one lane of a 4-lane group sees it.
 //
 // Lane p (0..3) of a group owns qs bytes 32p..32p+31 of a block: all 32 values of sub-block 2p
-// (low nibbles) and of sub-block 2p+1 (high nibbles), specs/q4k.md §3. One scale/min pair decode
+// (low nibbles) and of sub-block 2p+1 (high nibbles), docs/q4k.md §3. One scale/min pair decode
 // serves 64 weights (an 8-lane split would decode it once per 32), and in the int8
 // activation layout of activation_q8.cuh those 64 codes are contiguous: lo codes 32p..32p+31,
 // hi codes 128+32p..+31, meta[2p] and meta[2p+1].
@@ -19,7 +19,7 @@ namespace encore::gemv::stream {
 
 // ---- one block as lane p of a 4-lane group sees it ----------------------------------------------
 
-// Per-lane constants of the scale/min unpacking (specs/q4k.md §2): pair p reads 16-bit half
+// Per-lane constants of the scale/min unpacking (docs/q4k.md §2): pair p reads 16-bit half
 // p & 1 of the scale words; pairs 0-1 are `S & 0x3F3F`, pairs 2-3 combine the low nibbles of
 // S[8..11] with bits 7-6 of S[0..7]. Selected once per lane, so the decode has no branch.
 struct PairUnpack {

@@ -1,5 +1,5 @@
 // KDA decode device body: one tile = one (sequence, head), 256 threads = 8 warps x (V/8) v-rows.
-// Used by the standalone kernel (kda.cu) and by the megakernel (kda_body). Math: shared/specs/kda.md §3.
+// Used by the standalone kernel (kda.cu) and by the megakernel (kda_body). Math: docs/kda.md §3.
 //
 // Order inside a tile (every phase reads only what the tile owns, so tiles never race):
 //   0. copy the head's W_fb and W_gb rows (2 x K x rank bf16, 64 KiB for Kimi-Linear) into shared
@@ -22,7 +22,7 @@
 // state pass -> norm), ~88-89 us at B=64 (79% of copy bandwidth). The same bytes with no math
 // (bench probes, this tile shape) take 2.6 us at B=1 and 74 us at B=64. Tried and replaced: half-warp
 // per gate row reading W_fb/W_gb from global (16 dependent L2 trips per warp; 12 us at B=1,
-// 155 us at B=64). Open levers: a V-split at small B (spec §6), and the 64 KiB of gate weights
+// 155 us at B=64). Open levers: a V-split at small B (docs/kda.md §6), and the 64 KiB of gate weights
 // every tile pulls from L2 (as many bytes as its state read; a tile over several sequences of one
 // head would amortise them); 128 registers cap the kernel at 2 blocks per SM.
 #pragma once

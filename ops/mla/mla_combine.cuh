@@ -1,4 +1,4 @@
-// The LSE merge of split-KV partials (spec §9), written once for every caller: the standalone
+// The LSE merge of split-KV partials (docs/mla.md §9), written once for every caller: the standalone
 // combine tile (mla_tiles.cuh) and the two combines fused into the split-KV kernel
 // (mla_fused_combine.cuh: a slice per part, or a two-split request in its first split's
 // epilogue). All run the same per-element order, so their outputs are bit-identical:

@@ -38,7 +38,7 @@ __device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<std::uint32_t*>(&v);
 }
 
-// theta'_i in double (DeepSeek-V3 YaRN, spec §4); pos * theta' is formed in double too, so the
+// theta'_i in double (DeepSeek-V3 YaRN, docs/mla.md §4); pos * theta' is formed in double too, so the
 // angle stays exact to ~1e-12 rad even at position 128K.
 __device__ __forceinline__ double rope_theta(const MlaRope& rope, int pair) {
   const double dim = kMlaRopeDim, base = rope.theta;

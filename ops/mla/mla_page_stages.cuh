@@ -1,4 +1,4 @@
-// Split-KV attention (spec §8): how the 64-token pages reach shared memory. Each page stage fills
+// Split-KV attention (docs/mla.md §8): how the 64-token pages reach shared memory. Each page stage fills
 // by TMA tiled copies (9 boxes of 64 tokens x 64 values through a tensor map of the page pool, in
 // the 128-byte swizzled layout of common/wgmma.cuh), issued by thread 0 and completing on one
 // mbarrier per stage; rows beyond the sequence length are zeroed once the page has landed. (One

@@ -1,4 +1,4 @@
-// The split-KV plan (spec §7, in a parallel form): host/device helpers shared by the scheduler
+// The split-KV plan (docs/mla.md §7, in a parallel form): host/device helpers shared by the scheduler
 // kernel and the CPU reference, so both give bit-identical plans (deterministic integer logic).
 //
 // The "tape": request b occupies cost_b = C + pages_b consecutive units (C = fixed overhead, then
@@ -26,7 +26,7 @@
 
 namespace encore::ops::mla {
 
-// Fields of one part's 8 int32 (spec §7).
+// Fields of one part's 8 int32 (docs/mla.md §7).
 enum MetaField : int {
   kMetaBeginReq = 0,      // -1: the part has no work
   kMetaEndReq = 1,        // inclusive

@@ -1,4 +1,4 @@
-// Double-precision references for the MLA decode ops (spec §3, §4, §11) and the CPU scheduler.
+// Double-precision references for the MLA decode ops (docs/mla.md §3, §4, §11) and the CPU scheduler.
 #include <encore/ref/mla.h>
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Split-KV attention (spec §8): the tile's configuration, kernel parameters and shared-memory
+// Split-KV attention (docs/mla.md §8): the tile's configuration, kernel parameters and shared-memory
 // plan, the query copy (16-byte cp.async into the 128-byte swizzled layout of common/wgmma.cuh)
 // and which pages of a request a part computes. The pages themselves move through
 // mla_page_stages.cuh. Used by the split-KV body (mla_splitkv_tile.cuh) and the fused combine

@@ -1,4 +1,4 @@
-// Split-KV attention body (spec §8): one tile = (scheduler part, group of 32 query heads).
+// Split-KV attention body (docs/mla.md §8): one tile = (scheduler part, group of 32 query heads).
 // Per 64-token page: S = Q K^T and O += P V on the warpgroup tensor cores (wgmma, bf16 in, fp32
 // accumulate, every operand read from shared memory), online softmax in base 2, P rounded to bf16.
 // One page in shared memory serves K (576 columns) and V (its first 512 columns). Pages stream
@@ -229,7 +229,7 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
       const int row = threadIdx.x, head = group * Cfg::kRows + row;
       if (head < p.num_heads) {
         const float l = sm.row_sum[row];
-        // Empty rows: +inf as a final LSE (spec §9), -inf as a partial one (weight 0 in the combine).
+        // Empty rows: +inf as a final LSE (docs/mla.md §9), -inf as a partial one (weight 0 in the combine).
         const float lse = l > 0.f ? (sm.row_max[row] + log2f(l)) * 0.6931471805599453f : (is_split ? -INFINITY : INFINITY);
         lse_base[head] = lse;
       }

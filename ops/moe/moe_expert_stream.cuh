@@ -1,4 +1,4 @@
-// Streaming bodies of the expert GEMVs (specs/moe.md §5-§6). Persistent blocks (kStreamBlocksPerSm
+// Streaming bodies of the expert GEMVs (docs/moe.md §5-§6). Persistent blocks (kStreamBlocksPerSm
 // per SM, or the megakernel's) walk their items first, first + stride, ... (common/body.cuh):
 //   gate/up item = (pass, 32 rows): the 32 gate and 32 up rows of the pass's expert for its
 //                  entries; silu(g)*u is quantised into the int8 format (one 32-value sub-block

@@ -1,4 +1,4 @@
-// Device pieces of the expert stage (specs/moe.md §4-§7) besides the streaming bodies
+// Device pieces of the expert stage (docs/moe.md §4-§7) besides the streaming bodies
 // (moe_expert_stream.cuh): the work list, the activation quantiser for the expert input, the
 // sub-block quantiser of silu(g)*u and the ordered combine.
 //   build_work_list: from ids[batch][k]: entries grouped by expert in ascending id, tokens

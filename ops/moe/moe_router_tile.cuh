@@ -1,4 +1,4 @@
-// Device bodies of MoE routing (specs/moe.md §2):
+// Device bodies of MoE routing (docs/moe.md §2):
 //   router_gemv_tile : logits = W_g h for 8 experts (one per warp) over one K slice, all tokens;
 //                      partial sums per slice, added in slice order by the top-k (deterministic).
 //                      With a fused RMSNorm the rows are W_g * gamma and the tiles of experts

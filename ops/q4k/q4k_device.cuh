@@ -1,7 +1,7 @@
 // Device-side view of a Q4_K block: the pieces every kernel that reads Q4_K weights shares.
 // A block is one 16-byte header chunk (d, dmin, scales) plus eight 16-byte `qs` chunks. Chunk c
 // (0..7) holds, in its low nibbles, values 16*(c%2)..+15 of sub-block 2*(c/2) and, in its high
-// nibbles, the same positions of sub-block 2*(c/2)+1 (specs/q4k.md §3).
+// nibbles, the same positions of sub-block 2*(c/2)+1 (docs/q4k.md §3).
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,7 @@
 namespace encore::q4k::device {
 
 // Scale/min pair of the sub-blocks (2p, 2p+1) of a block, p = chunk / 2, as floats:
-// lo/hi = even/odd sub-block. D*sc and M*m are exact in fp32 (specs/q4k.md §4).
+// lo/hi = even/odd sub-block. D*sc and M*m are exact in fp32 (docs/q4k.md §4).
 struct SubBlockPair {
   float scale_lo, scale_hi;  // d * sc[2p], d * sc[2p+1]
   float min_lo, min_hi;      // dmin * m[2p], dmin * m[2p+1]

@@ -1,6 +1,6 @@
 // Host side of the Q4_K format: scale packing, fp16 conversion, decode, and the reference
 // quantiser. Compiled with -ffp-contract=off: the quantiser must not fuse multiply-adds to stay
-// byte-exact with ggml (specs/q4k.md §6).
+// byte-exact with ggml (docs/q4k.md §6).
 #include <encore/q4k.h>
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// Random KDA problems (realistic Kimi-Linear-style gate parameters, spec §8.2) on the host, with
+// Random KDA problems (realistic Kimi-Linear-style gate parameters, docs/kda.md §8 item 2) on the host, with
 // the double-precision reference state beside them.
 #pragma once
 

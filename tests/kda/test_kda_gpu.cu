@@ -1,5 +1,5 @@
-// GPU tests of the KDA decode op against the fp64 reference (spec §8). Error metric: relative L2
-// (= RMS(diff) / RMS(ref)) over every element. Bounds (spec §5): y and recurrent state <= 1e-5 after
+// GPU tests of the KDA decode op against the fp64 reference (docs/kda.md §8). Error metric: relative L2
+// (= RMS(diff) / RMS(ref)) over every element. Bounds (docs/kda.md §5): y and recurrent state <= 1e-5 after
 // one step, <= 1e-4 after 256 chained steps; conv state bit-exact (it is a copy of the inputs).
 #include <algorithm>
 #include <cmath>

@@ -116,7 +116,7 @@ TEST(MlaSchedCpu, ClosedFormEqualsPageWalk) {
 }
 
 TEST(MlaSchedCpu, SpecExampleAndDeterminism) {
-  // Spec §12: N = 1, len 4K, C = 5, P = 132 -> 64 one-page splits.
+  // docs/mla.md §7: N = 1, len 4K, C = 5, P = 132 -> 64 one-page splits.
   const ref::MlaSchedule s = ref::mla_sched({4096}, 132, 5);
   EXPECT_EQ(s.num_splits[1], 64);
   const ref::MlaSchedule s1 = ref::mla_sched({4096}, 1, 5);

@@ -1,7 +1,7 @@
 // GPU tests of the MLA decode step (sched -> append -> q_absorb -> split-KV -> combine -> v_up)
 // against the double references: kernel level (absorbed MQA over the gathered latent rows) and
 // model level (as-trained MHA with per-head K/V expanded from the cache through W_UK / W_UV).
-// Bounds (spec §11): o_lat rel-L2 <= 5e-3 and LSE abs <= 1e-4 vs the kernel-level reference;
+// Bounds (docs/mla.md §11): o_lat rel-L2 <= 5e-3 and LSE abs <= 1e-4 vs the kernel-level reference;
 // o rel-L2 <= 1e-2 vs the model-level reference; one split vs many splits rel-L2 <= 1e-5.
 #include <algorithm>
 #include <cmath>
@@ -353,7 +353,7 @@ TEST(MlaGpu, OneSplitMatchesManySplitsAndReplaysAreBitIdentical) {
   EXPECT_TRUE(test::bitwise_equal(results[0].data(), results[1].data(), results[0].size() * 4)) << "replays differ";
   const double e = test::rel_l2(results[2], results[0]);
   std::printf("[mla] one split vs %d splits: rel-L2 %.2e\n", ref::mla_sched(lens, 132).num_splits[4], e);
-  // Spec §11 asks 1e-5; with P in bf16 that is out of reach: each split rounds p = exp2(s - m) to
+  // docs/mla.md §11: 1e-5 is out of reach with P in bf16: each split rounds p = exp2(s - m) to
   // bf16 against its own running max m, so the two runs round different values (~2^-9 each).
   // Measured on the H200: 1.5e-4. A lost or doubled split or a wrong weight gives O(1e-1).
   EXPECT_LT(e, 5e-4);

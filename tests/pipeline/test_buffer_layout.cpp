@@ -24,7 +24,7 @@ std::int64_t dims_product(const TensorInfo& t) {
 }
 
 TEST(BufferLayout, ProjectionStrides) {
-  EXPECT_EQ(kda_proj_stride(ModelConfig::kimi_linear_48b()), 12576);    // model.md §4: 12,576 rows
+  EXPECT_EQ(kda_proj_stride(ModelConfig::kimi_linear_48b()), 12576);    // docs/model.md §4: 12,576 rows
   EXPECT_EQ(mla_proj_stride(ModelConfig::kimi_linear_48b()), 6720);     // 6,144 + 576
   EXPECT_EQ(kda_proj_stride(ModelConfig::tiny()), 1028);                // 3*256 + 2*128 + 2 = 1026, padded to 4
   EXPECT_EQ(mla_q_columns(ModelConfig::tiny(true)), 256);               // q LoRA: q_a first
@@ -73,7 +73,7 @@ TEST(BufferLayout, KimiStatePools) {
   ENCORE_OK(build_state_layout(c, o, s));
   ASSERT_EQ(int(s.tensors().size()), 20 * 2 + 7);
   const std::int64_t recurrent = 24LL * 32 * 128 * 128 * 4, conv = 24LL * 3 * 3 * 4096 * 4, cache = 96LL * 64 * 576 * 2;
-  EXPECT_EQ(s.find("blk.0.kda_recurrent")->bytes, recurrent);  // 2 MiB per slot (model.md §5)
+  EXPECT_EQ(s.find("blk.0.kda_recurrent")->bytes, recurrent);  // 2 MiB per slot (docs/model.md §5)
   EXPECT_EQ(s.find("blk.0.kda_conv")->bytes, conv);
   EXPECT_EQ(s.find("blk.3.mla_cache")->bytes, cache);
   EXPECT_EQ(s.find("blk.3.kda_conv"), nullptr);

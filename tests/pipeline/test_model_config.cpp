@@ -1,5 +1,5 @@
 // Model configuration: layer lists, validation, and the byte budget of one decode step against the
-// totals published in shared/specs/model.md §5 (an independent hand count).
+// totals published in docs/model.md §5 (an independent hand count).
 #include <encore/pipeline/model_config.h>
 
 #include <cmath>
@@ -57,7 +57,7 @@ TEST(ModelConfig, ValidationRejectsWhatTheKernelsCannotRun) {
   EXPECT_EQ(broken([](ModelConfig& c) { c.mlp.pop_back(); }), StatusCode::kInvalidArgument);
 }
 
-// model.md §5, batch 1: every per-layer figure and the totals at 4K and 32K context.
+// docs/model.md §5, batch 1: every per-layer figure and the totals at 4K and 32K context.
 TEST(ModelConfig, KimiByteBudgetMatchesTheSpec) {
   const ModelConfig c = ModelConfig::kimi_linear_48b();
   const LayerBytes b = layer_bytes(c);
@@ -76,7 +76,7 @@ TEST(ModelConfig, KimiByteBudgetMatchesTheSpec) {
   EXPECT_DOUBLE_EQ(at32k.total(), 2'200'241'152.0);
 }
 
-// model.md §5's batch table (uniform routing, 4K context), quoted to three digits.
+// docs/model.md §5's batch table (uniform routing, 4K context), quoted to three digits.
 TEST(ModelConfig, KimiBatchBudgetMatchesTheSpec) {
   const ModelConfig c = ModelConfig::kimi_linear_48b();
   const std::pair<int, double> table[] = {{1, 1.97e9}, {8, 7.94e9}, {32, 21.85e9}, {64, 31.90e9}};

@@ -1,5 +1,5 @@
 // The decode pipeline on the GPU: the embed / RMSNorm stage kernels against their references, and
-// whole steps of the tiny models (model.md §6, both MLA variants) through the eager path and the
+// whole steps of the tiny models (docs/model.md §6, both MLA variants) through the eager path and the
 // captured graph: bit-identical logits and states, untouched unused slots and pages, rows that do
 // not see each other, and bad step inputs rejected before anything runs.
 #include <cmath>

@@ -1,4 +1,4 @@
-// The stage table on fake arena bases: count and order (model.md §4), GEMV shapes against the
+// The stage table on fake arena bases: count and order (docs/model.md §4), GEMV shapes against the
 // config, every pointer inside its arena, and the ops' host-side validators on every stage.
 #include <encore/pipeline/stage_list.h>
 
@@ -67,7 +67,7 @@ TEST(StageList, KimiCountMatchesModelMd) {
   const Built b(ModelConfig::kimi_linear_48b());
   // 1 embed + 20 x 3 KDA + 1 scheduler + 7 x 7 MLA + 2 dense + 26 x 2 MoE (router, experts; the
   // RMSNorm fused into both) + 1 head = 166 launcher calls; kv_append joins q_absorb, so 159
-  // dependency levels (model.md §4 counts 185 kernels with its own fusion choices).
+  // dependency levels (docs/model.md §4).
   EXPECT_EQ(b.stages.size(), 166u);
   EXPECT_EQ(dependency_levels(b.stages), 159);
 }
@@ -119,7 +119,7 @@ bool gemv_view(const Stage& s, GemvView& v) {
 }
 
 TEST(StageList, GemvShapesAndWeightsFollowTheConfig) {
-  // Kimi in-proj widths quoted by model.md §4.
+  // Kimi in-proj widths quoted by docs/model.md §4.
   EXPECT_EQ(expected_gemv(ModelConfig::kimi_linear_48b(), R::kKdaInProj).first, 12576);
   EXPECT_EQ(expected_gemv(ModelConfig::kimi_linear_48b(), R::kMlaInProj).first, 6720);
   for (const ModelConfig& c : {ModelConfig::kimi_linear_48b(), ModelConfig::tiny(false), ModelConfig::tiny(true)}) {
@@ -281,8 +281,7 @@ TEST(StageList, KimiStagesPassTheOpValidators) {
   }
 }
 
-// model.md §6's tiny config has 2 MLA heads; the MLA op supports 8..128 (mla_validate.cpp), so
-// tiny() uses 8. With 2 heads the MLA stages fail validation, precisely and only on the head count.
+// The MLA op supports 8..128 heads (mla_validate.cpp), so tiny() uses 8 (docs/model.md §6). With 2 heads the MLA stages fail validation, precisely and only on the head count.
 TEST(StageList, TinyMlaHeadsAreWhatTheMlaOpSupports) {
   for (bool rope : {false, true}) {
     const Built ok(ModelConfig::tiny(rope), 3);

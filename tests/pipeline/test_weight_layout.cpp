@@ -1,6 +1,6 @@
 // Weight arena: 256-byte aligned, non-overlapping tensors; fused groups contiguous; per-layer sums
 // against layer_bytes() (model_config.cpp, counted independently of the table); the Kimi total
-// against a hand sum of model.md §5.
+// against a hand sum of docs/model.md §5.
 #include <encore/pipeline/weight_layout.h>
 
 #include <string>
@@ -126,7 +126,7 @@ TEST(WeightLayout, LayerSumsMatchLayerBytes) {
   }
 }
 
-// model.md §5 by hand: embedding 163,840 x 2,304 bf16 = 754,974,720; 20 KDA layers x 23,936,128;
+// docs/model.md §5 by hand: embedding 163,840 x 2,304 bf16 = 754,974,720; 20 KDA layers x 23,936,128;
 // 7 MLA x 22,426,624; dense 35,831,808; 26 MoE x (1,179,648 + 1,024 + 257 x 3,981,312);
 // LM head 212,336,640 + final norm 9,216. Padding: only A_log (32 floats = 128 B) ends off a
 // 256-byte boundary, once per KDA layer.

@@ -18,7 +18,7 @@
 namespace encore::q4k {
 namespace {
 
-// Value j of a block, decoded straight from the bytes by the spec's formulas (specs/q4k.md §2-§4),
+// Value j of a block, decoded straight from the bytes by the formulas of docs/q4k.md §2-§4,
 // independently of unpack_scales / dequantize_row.
 float spec_value(const Block& b, int j) {
   const auto* B = reinterpret_cast<const std::uint8_t*>(&b);
@@ -81,7 +81,7 @@ TEST(Q4kFormat, HandBuiltBlockDecodesPerSpecTable) {
   std::vector<float> out(256);
   dequantize_row(&b, out.data(), 256);
   for (int j = 0; j < 256; ++j) ASSERT_EQ(out[j], spec_value(b, j)) << "j=" << j;
-  // Spot checks straight from specs/q4k.md §4's table.
+  // Spot checks straight from docs/q4k.md §4's table.
   const auto* B = reinterpret_cast<const std::uint8_t*>(&b);
   const float d = __half2float(__ushort_as_half(b.d)), dmin = __half2float(__ushort_as_half(b.dmin));
   EXPECT_EQ(out[100], d * float(B[7] & 63) * float(B[52] >> 4) - dmin * float(B[11] & 63));

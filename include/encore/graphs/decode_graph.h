@@ -1,4 +1,4 @@
-// The graph path (DESIGN.md): a decode step captured once into a CUDA graph and replayed for every
+// The graph path (docs/design.md): a decode step captured once into a CUDA graph and replayed for every
 // token. Everything that changes per token lives in device memory (the step inputs the captured
 // copy brings from the pipeline's pinned staging buffer, the split plan the scheduler stage
 // computes), so one capture serves every token and every mix of lengths up to the pipeline's

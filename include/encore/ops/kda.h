@@ -2,9 +2,9 @@
 // place: 4-tap causal depthwise conv + SiLU on q, k, v; L2-normalised q (scaled by K^-1/2) and k;
 // per-channel decay alpha = exp(-exp(A_log[h]) * softplus(W_fb·f_a + dt_bias)); beta = sigmoid(b);
 // gated delta-rule recurrence on the fp32 state; gated output RMSNorm. Exact math:
-// shared/specs/kda.md §3. Everything (conv, gates, recurrence, norm) is one kernel.
+// docs/kda.md §3. Everything (conv, gates, recurrence, norm) is one kernel.
 //
-// Layouts (spec §4):
+// Layouts (docs/kda.md §4):
 //   recurrent state  fp32 [num_slots][num_heads][V][K]  ("V-first": S[k][v] at ((s*H + h)*V + v)*K + k)
 //   conv state       fp32 [num_slots][3 taps][3*H*K]    (tap 0 = oldest raw input; channels q|k|v)
 //   proj row         fp32 [q H*K | k H*K | v H*K | f_a rank | g_a rank | b H]   (pre-conv values)

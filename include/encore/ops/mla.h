@@ -1,4 +1,4 @@
-// Absorbed MLA decode (shared/specs/mla.md): paged bf16 latent cache, q absorption, cache append,
+// Absorbed MLA decode (docs/mla.md): paged bf16 latent cache, q absorption, cache append,
 // device-side split-KV scheduling, tensor-core split-KV attention, LSE combine, V up-projection.
 //
 // One decode step of one MLA layer, in stream order:
@@ -36,7 +36,7 @@ inline constexpr int kMlaQHeadDim = 192;    // q per head = [q_nope 128 | q_pe 6
 inline constexpr int kMlaVHeadDim = 128;    // d_v per head
 inline constexpr int kMlaKvbRowsPerHead = 256;  // kv_b_proj rows per head: W_UK (128) then W_UV (128)
 inline constexpr int kMlaMetaInts = 8;      // int32 per scheduler part
-inline constexpr int kMlaDefaultFixedOverhead = 5;  // C of spec §7, in pages
+inline constexpr int kMlaDefaultFixedOverhead = 5;  // C of docs/mla.md §7, in pages
 inline constexpr int kMlaMaxSeqs = 8192;    // scheduler keeps per-request pages in shared memory
 
 // Bits of *error_flag (0 = step is clean).
@@ -62,7 +62,7 @@ struct MlaRope {
 inline MlaRope mla_rope_none() { return {}; }
 inline MlaRope mla_rope_deepseek_v3() { MlaRope r; r.mode = MlaRopeMode::kDeepSeekYarn; return r; }
 
-// Softmax scales of spec §1 (FlashMLA's default 1/sqrt(576) is wrong for both).
+// Softmax scales of docs/mla.md §1 (FlashMLA's default 1/sqrt(576) is wrong for both).
 inline constexpr float kMlaScaleKimi = 0.07216878364870322f;      // 192^-0.5
 inline constexpr float kMlaScaleDeepSeekV3 = 0.13523377f;         // 192^-0.5 * (0.1 ln 40 + 1)^2
 

@@ -1,4 +1,4 @@
-// Mixture-of-experts at decode (specs/moe.md): routing and the expert Q4_K GEMVs.
+// Mixture-of-experts at decode (docs/moe.md): routing and the expert Q4_K GEMVs.
 //
 //   moe_router   logits = W_g h (fp32 or bf16 router, fp32 accumulation), then per token the
 //                parameterised top-k (sigmoid/softmax, selection-only bias, grouped selection,
@@ -32,7 +32,7 @@ inline constexpr int kMaxMoeInter = 2048;   // expert width (down projection K; 
 enum class MoeScoreFunc : int { kSigmoid, kSoftmax };
 enum class MoeRouterDtype : int { kFp32, kBf16 };
 
-// One parameterised routing algorithm (specs/moe.md §2). Ties go to the lower expert id.
+// One parameterised routing algorithm (docs/moe.md §2). Ties go to the lower expert id.
 struct MoeRoutingConfig {
   MoeScoreFunc score = MoeScoreFunc::kSigmoid;
   int num_experts = 256;
@@ -43,7 +43,7 @@ struct MoeRoutingConfig {
   float renorm_eps = 1e-20f;
   float routed_scale = 1.f;
   bool renormalize_top1 = true;  // false: no renormalisation when top_k == 1 (Kimi: "only if k > 1")
-  // Compatibility flags (specs/moe.md §1 table; tests only, never the default):
+  // Compatibility flags (docs/moe.md §1 table; tests only, never the default):
   //   hf_remote_biased_weights : Kimi HF remote code: weights from the biased scores, dropped
   //                              groups masked with 0 instead of -inf;
   //   mask_fill_zero           : DeepSeek HF code: dropped groups masked with 0 instead of -inf;

@@ -3,7 +3,7 @@
 //   rmsnorm_q4k_gemv  y[b] = W (rmsnorm(x[b]) * gamma)    (+ residual[b]; optionally writes the normalised x)
 //   gate_up_q4k_gemv  h[b] = silu(Wg n[b]) * (Wu n[b]), n = x or rmsnorm(x)*gamma; or raw gate and up
 // W is N x K Q4_K (GGUF layout: row r = K/256 consecutive blocks), fp32 activations and outputs.
-// Activations are quantised to int8 per 32 values inside the kernel (specs/q4k.md §8); the
+// Activations are quantised to int8 per 32 values inside the kernel (docs/q4k.md §8); the
 // result differs from fp32 math by ~0.5% relative L2 on Gaussian data (see ref::q4k_gemv_int8).
 // The int8 dot products run on dp4a (1..4 tokens) or int8 tensor cores (5..16, GemvCore).
 #pragma once
@@ -68,7 +68,7 @@ struct GateUpQ4kGemvParams {
 enum class GemvCore {
   kAuto,  // dp4a below kGemvMmaMinBatch tokens, int8 mma from there (when its plan fits)
   kDp4a,  // dp4a on CUDA cores, every batch
-  kMma,   // int8 mma.sync (specs/q4k.md §9) for batches of 5..16 tokens (its 8 / 16 tiers); dp4a below
+  kMma,   // int8 mma.sync (docs/q4k.md §9) for batches of 5..16 tokens (its 8 / 16 tiers); dp4a below
 };
 inline constexpr int kGemvMmaMinBatch = 5;
 

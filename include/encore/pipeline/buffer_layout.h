@@ -1,4 +1,4 @@
-// The per-step device memory of the decode pipeline (shared/specs/model.md §3), sized for a maximum
+// The per-step device memory of the decode pipeline (docs/model.md §3), sized for a maximum
 // batch, and the state pools, sized for the slots and cache pages an engine wants resident.
 //
 // Step arena ("buffers"), reused by every layer (stages of one step run in order):

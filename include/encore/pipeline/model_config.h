@@ -1,4 +1,4 @@
-// The hybrid model a decode step runs (shared/specs/model.md): dims, the per-layer attention / MLP
+// The hybrid model a decode step runs (docs/model.md): dims, the per-layer attention / MLP
 // kinds, the routing of the MoE layers, and the bytes one step must move.
 #pragma once
 
@@ -62,9 +62,9 @@ struct ModelConfig {
   int count(Attention a) const;
   int count(Mlp m) const;
 
-  // Kimi-Linear-48B-A3B as published (model.md §1-§2).
+  // Kimi-Linear-48B-A3B as published (docs/model.md §1-§2).
   static ModelConfig kimi_linear_48b();
-  // model.md §6: production head dims, everything else shrunk; `rope` gives the DeepSeek-style
+  // docs/model.md §6: production head dims, everything else shrunk; `rope` gives the DeepSeek-style
   // variant (RoPE + YaRN, q LoRA 256).
   static ModelConfig tiny(bool rope = false);
 

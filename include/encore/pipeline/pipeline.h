@@ -1,4 +1,4 @@
-// A decode pipeline on one device (DESIGN.md): the model's weights, state pools and step buffers
+// A decode pipeline on one device (docs/design.md): the model's weights, state pools and step buffers
 // in three arenas allocated once at creation, the stage table over them, and the per-step inputs.
 // A step = one copy of the staged StepInputs (pinned host memory -> the step arena) followed by
 // every stage of the table; `enqueue_step` issues it on a stream, graphs::DecodeGraph captures it

@@ -1,4 +1,4 @@
-// Synthetic weights for tests and benchmarks (shared/specs/model.md §6 distributions), generated
+// Synthetic weights for tests and benchmarks (docs/model.md §6 distributions), generated
 // on the device from a seed: every tensor of a weight layout, so a whole Kimi-Linear-sized model
 // (~28 GB) fills in milliseconds and two fills with one seed are bit-identical.
 //   Q4_K            random codes and 6-bit scales / mins; d = 1 / (256 sqrt(K)), dmin = 7.5 d, so

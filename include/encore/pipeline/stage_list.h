@@ -1,4 +1,4 @@
-// The decode step as a flat table of stages (shared/specs/model.md §4): each entry names the op to
+// The decode step as a flat table of stages (docs/model.md §4): each entry names the op to
 // run and carries that op's params struct with every device pointer resolved, so the graph path can
 // launch the entries in order and the megakernel can walk the same table. Built on the host from
 // the config, the three arena layouts and the arenas' base pointers; nothing here touches a GPU.
@@ -15,7 +15,7 @@
 //              gate/up, down + ordered combine + residual); both read the residual stream x
 //   head:      final RMSNorm + LM-head GEMV -> logits
 // Kimi-Linear: 166 stages in 159 dependency levels (kv_append joins q_absorb). The cut of the MoE
-// layer differs from model.md's ([norm + router + top-k + work list] [gate/up] [down]): the norm is
+// layer differs from docs/model.md's ([norm + router + top-k + work list] [gate/up] [down]): the norm is
 // fused into both MoE ops and the work list is built inside moe_experts. Graph-path kernels are
 // more than stages: moe_router launches 2 kernels and moe_experts 3.
 #pragma once
@@ -111,7 +111,7 @@ ops::MoeRoutingConfig moe_routing(const ModelConfig& c);
 // mla_validate, the q4k GEMV and MoE *_validate functions, the pipeline's own stages).
 Status validate_stage(const Stage& s);
 
-// Stages that wait on their predecessor: the dependent-kernel count of model.md §4.
+// Stages that wait on their predecessor: the dependent-kernel count of docs/model.md §4.
 int dependency_levels(const std::vector<Stage>& stages);
 
 // The graph path: launches the stage through its launcher (which validates first), or every stage

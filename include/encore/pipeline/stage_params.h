@@ -1,6 +1,6 @@
 // Params and launcher of the one stage the decode step needs that no op in ops/ provides (kernel
 // in pipeline/step_kernels.cu, device body in pipeline/step_tiles.cuh):
-//   embedding gather  x[b] = float(table[token_ids[b]])   (model.md §3; ids clamped to the vocab)
+//   embedding gather  x[b] = float(table[token_ids[b]])   (docs/model.md §3; ids clamped to the vocab)
 // Every RMSNorm of the step is fused into the op that consumes it (the GEMVs, moe_router and
 // moe_experts through their norm weights).
 #pragma once

@@ -1,4 +1,4 @@
-// Every weight tensor of a model in one arena (shared/specs/model.md §5 for the dtypes): Q4_K
+// Every weight tensor of a model in one arena (docs/model.md §5 for the dtypes): Q4_K
 // projections, bf16 embedding / f_b / g_b / kv_b / router, fp32 norms, conv taps and gate vectors.
 // Names follow GGUF ("blk.<layer>.attn_q.weight"), with two departures where encore's layout
 // differs from the file's: "blk.N.ssm_a_log" holds A_log (GGUF's ssm_a holds -exp(A_log)), and

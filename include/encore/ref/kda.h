@@ -1,4 +1,4 @@
-// Double-precision CPU reference of the KDA decode step (shared/specs/kda.md §3), written in the
+// Double-precision CPU reference of the KDA decode step (docs/kda.md §3), written in the
 // literal matrix form S_t = (I - beta k k^T) Diag(alpha) S_{t-1} + beta k v^T, o = S_t^T q, with an
 // explicit K x K transition matrix (a different association from the GPU's single pass, so algebra
 // slips show). Layouts are those of encore::ops::KdaParams (V-first recurrent state).

@@ -1,4 +1,4 @@
-// Double-precision CPU references for the absorbed MLA decode ops (shared/specs/mla.md), plus the
+// Double-precision CPU references for the absorbed MLA decode ops (docs/mla.md), plus the
 // CPU copy of the split-KV scheduler (integer logic, bit-identical to the device's).
 #pragma once
 
@@ -9,7 +9,7 @@
 
 namespace encore::ref {
 
-// Split-KV plan (spec §7, tape form of mla_plan.h) for the given lengths: meta [num_parts][8],
+// Split-KV plan (docs/mla.md §7, tape form of mla_plan.h) for the given lengths: meta [num_parts][8],
 // num_splits [N + 1]. Computed page by page, independently of the kernel's closed form.
 struct MlaSchedule {
   std::vector<std::int32_t> meta;

@@ -1,4 +1,4 @@
-// fp64 CPU references of the MoE ops (specs/moe.md).
+// fp64 CPU references of the MoE ops (docs/moe.md).
 #pragma once
 
 #include <cstdint>
@@ -17,7 +17,7 @@ void moe_router_logits(const void* weight, ops::MoeRouterDtype dtype, const floa
 // norm in double (the device computes it in fp32; the two differ by about an fp32 rounding).
 void moe_input_norm(const float* x, const float* gamma, int batch, int hidden, double eps, float* h);
 
-// Routing of `batch` tokens from fp32 logits (specs/moe.md §2), scores in double. Ties (equal
+// Routing of `batch` tokens from fp32 logits (docs/moe.md §2), scores in double. Ties (equal
 // doubles) go to the lower index. ids [batch][k] in selection order, weights [batch][k]. Pad rows
 // (slot_ids[t] < 0, when slot_ids is given) get ids -1 and weights 0.
 void moe_topk(const ops::MoeRoutingConfig& config, const float* logits, const float* bias, int batch, int* ids,

@@ -1,4 +1,4 @@
-// fp64 reference of one decode step of a whole model (shared/specs/model.md §3): the ops' own
+// fp64 reference of one decode step of a whole model (docs/model.md §3): the ops' own
 // references chained in the pipeline's stage order, reading the weights by name from a host copy
 // of the weight arena. Values the device stores at op boundaries are rounded as it stores them:
 // fp32 activations and residual stream, bf16 q576 and latent cache rows. With int8_activations
