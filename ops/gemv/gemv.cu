@@ -226,7 +226,7 @@ auto kernel_of(const gemv::GemvPlan& plan) {
 }
 
 Status launch_gemv(const GemvTileParams& p, int nmat, cudaStream_t stream, GemvLaunch options) {
-  ENCORE_RETURN_IF_ERROR(check_options(options));
+  ENCORE_RETURN_IF_ERROR(check_options(options));  // (before the stream: bad options fail without a device)
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   const int sms = detail::sm_count();
   gemv::GemvPlan plan;

@@ -542,24 +542,18 @@ Status plan_experts_for_grid(const ops::MoeExpertsParams& a, int blocks, std::si
   ENCORE_REQUIRE(!in_block || a.batch <= kTokensPerPass, StatusCode::kInvalidArgument, "moe_experts: the in-block plan takes at most ",
                  kTokensPerPass, " tokens (got ", a.batch, ")");
   const ops::DeviceLimits grid{blocks, smem_per_block};
+  // Passes as wide as the batch (in-block), or the widest that fits.
+  const int widest = in_block ? a.batch : std::min(kTokensPerPass, a.batch), narrowest = in_block ? a.batch : 1;
   ops::StreamPlan plan;
-  if (in_block) {
-    for (int min_stages : {ops::kWantStages, ops::kMinStages})
-      if (ops::fit_plan(grid, a, a.batch, a.batch, 1, min_stages, true, plan)) {
-        *out = {ops::experts_tile_params(a, plan.tokens), plan.gate_up, plan.down, plan.gate_up_smem, plan.down_smem};
-        return {};
-      }
-    return Status(StatusCode::kUnsupported, detail::concat("moe_experts: hidden = ", a.hidden, ", inter = ", a.inter,
-                                                           ": the in-block expert streams do not fit in ", smem_per_block, " bytes"));
-  }
   for (int min_stages : {ops::kWantStages, ops::kMinStages})
-    for (int tokens = std::min(kTokensPerPass, a.batch); tokens >= 1; --tokens)
-      if (ops::fit_plan(grid, a, a.batch, tokens, 1, min_stages, false, plan)) {
+    for (int tokens = widest; tokens >= narrowest; --tokens)
+      if (ops::fit_plan(grid, a, a.batch, tokens, 1, min_stages, in_block, plan)) {
         *out = {ops::experts_tile_params(a, plan.tokens), plan.gate_up, plan.down, plan.gate_up_smem, plan.down_smem};
         return {};
       }
-  return Status(StatusCode::kUnsupported, detail::concat("moe_experts: hidden = ", a.hidden, ", inter = ", a.inter,
-                                                         ": the expert streams do not fit in ", smem_per_block, " bytes per block"));
+  return Status(StatusCode::kUnsupported, detail::concat("moe_experts: hidden = ", a.hidden, ", inter = ", a.inter, ": the ",
+                                                         in_block ? "in-block " : "", "expert streams do not fit in ", smem_per_block,
+                                                         " bytes per block"));
 }
 
 Status encode_experts_maps(const ops::MoeExpertsParams& a, const ExpertsPlan& plan, StreamMaps* gate_up, StreamMaps* down) {

@@ -19,8 +19,7 @@ namespace {
 
 struct Node {
   Instruction ins;
-  InstructionInfo info;
-  std::vector<Access> accesses;
+  InstructionInfo info;  // info.accesses: what the dependencies are derived from
 };
 
 template <class T>
@@ -74,7 +73,6 @@ class Lowering {
       if (stages_[i].kind != StageKind::kMlaSched) ENCORE_RETURN_IF_ERROR(lower_stage(int(i)));
     ENCORE_RETURN_IF_ERROR(link());
     for (Node& n : nodes_) {
-      n.info.accesses = n.accesses;
       out_.smem = std::max(out_.smem, n.info.smem);
       out_.instructions.push_back(n.ins);
       out_.info.push_back(n.info);
@@ -120,7 +118,8 @@ class Lowering {
         const EmbedParams& e = p.embed;
         Node& n = add(Opcode::kEmbed, e.batch, si, "embed", 0);
         n.ins.params.embed = e;
-        n.accesses = {bytes_of(e.token_ids, std::size_t(e.batch) * 4, false), bytes_of(e.x, std::size_t(e.batch) * e.hidden * 4, true)};
+        n.info.accesses = {bytes_of(e.token_ids, std::size_t(e.batch) * 4, false),
+                           bytes_of(e.x, std::size_t(e.batch) * e.hidden * 4, true)};
         return {};
       }
       case StageKind::kRmsNormGemv: return gemv(si, p.rms_gemv, p.rms_gemv.normalized, gemv_name(s.role));
@@ -131,7 +130,7 @@ class Lowering {
         const ops::MlaSchedParams& m = p.mla_sched;
         Node& n = add(Opcode::kMlaSched, 1, si, "mla.sched", ops::mla::mla_sched_smem_bytes(m.num_seqs));
         n.ins.params.mla_sched = m;
-        n.accesses = {bytes_of(m.sched_meta, std::size_t(m.num_parts) * ops::kMlaMetaInts * 4, true),
+        n.info.accesses = {bytes_of(m.sched_meta, std::size_t(m.num_parts) * ops::kMlaMetaInts * 4, true),
                       bytes_of(m.num_splits, (std::size_t(m.num_seqs) + 1) * 4, true), bytes_of(m.error_flag, 4, true)};
         return {};
       }
@@ -139,7 +138,7 @@ class Lowering {
         const ops::MlaQAbsorbParams& q = p.mla_q_absorb;
         Node& n = add(Opcode::kMlaQAbsorb, ops::mla_q_absorb_num_tiles(q), si, "mla.q_absorb", ops::mla::mla_q_absorb_smem_bytes());
         n.ins.params.mla_q_absorb = q;
-        n.accesses = {rows_of(q.q, q.num_seqs, q.q_stride, std::int64_t(q.num_heads) * ops::kMlaQHeadDim, false),
+        n.info.accesses = {rows_of(q.q, q.num_seqs, q.q_stride, std::int64_t(q.num_heads) * ops::kMlaQHeadDim, false),
                       bytes_of(q.q576, std::size_t(q.num_seqs) * q.num_heads * ops::kMlaRowDim * 2, true)};
         return {};
       }
@@ -147,7 +146,7 @@ class Lowering {
         const ops::MlaKvAppendParams& a = p.mla_kv_append;
         Node& n = add(Opcode::kMlaKvAppend, a.num_seqs, si, "mla.kv_append", ops::mla::mla_kv_append_smem_bytes());
         n.ins.params.mla_kv_append = a;
-        n.accesses = {rows_of(a.kv_a, a.num_seqs, a.kv_a_stride, ops::kMlaRowDim, false), bytes_of(a.error_flag, 4, false),
+        n.info.accesses = {rows_of(a.kv_a, a.num_seqs, a.kv_a_stride, ops::kMlaRowDim, false), bytes_of(a.error_flag, 4, false),
                       cache_of(a.cache, true)};
         return {};
       }
@@ -156,14 +155,14 @@ class Lowering {
         const ops::MlaAttentionParams& t = p.mla_attention;
         Node& n = add(Opcode::kMlaCombine, ops::mla_combine_num_tiles(t), si, "mla.combine", ops::mla::mla_combine_smem_bytes(t.num_parts));
         n.ins.params.mla_combine = t;
-        n.accesses = attention_accesses(t, false);
+        n.info.accesses = attention_accesses(t, false);
         return {};
       }
       case StageKind::kMlaVUp: {
         const ops::MlaVUpParams& v = p.mla_v_up;
         Node& n = add(Opcode::kMlaVUp, ops::mla_v_up_num_tiles(v), si, "mla.v_up", 0);
         n.ins.params.mla_v_up = v;
-        n.accesses = {bytes_of(v.o_lat, std::size_t(v.num_seqs) * v.num_heads * ops::kMlaLatentDim * 4, false),
+        n.info.accesses = {bytes_of(v.o_lat, std::size_t(v.num_seqs) * v.num_heads * ops::kMlaLatentDim * 4, false),
                       bytes_of(v.out, std::size_t(v.num_seqs) * v.num_heads * ops::kMlaVHeadDim * 4, true)};
         return {};
       }
@@ -181,26 +180,21 @@ class Lowering {
     // sums) with the deepest weight ring that fits beside the program, so one block keeps as many
     // bytes in flight as the launcher's two.
     const std::size_t budget = std::min(kGemvSmemBudget, body_smem());
-    for (int stages = gemv::kMaxStages; stages >= 2; --stages) {
-      gemv::GemvTileParams q = plan.params;
-      q.stages = stages;
-      const std::size_t bytes = gemv::GemvSmem(nullptr, q, plan.tokens, plan.matrices).bytes;
-      if (bytes <= budget || stages == 2) {
-        plan.params = q, plan.smem = bytes;
-        if (bytes <= budget) break;
-      }
-    }
+    auto smem_of = [&](const gemv::GemvTileParams& q) { return gemv::GemvSmem(nullptr, q, plan.tokens, plan.matrices).bytes; };
+    for (plan.params.stages = gemv::kMaxStages; plan.params.stages > 2; --plan.params.stages)
+      if (smem_of(plan.params) <= budget) break;
+    plan.smem = smem_of(plan.params);
     const gemv::GemvTileParams& g = plan.params;
     if (out_.tokens != plan.tokens && gemv_seen_)
       return Status(StatusCode::kInvalidArgument, "megakernel: the stages' GEMVs run different token tiers");
     out_.tokens = plan.tokens, gemv_seen_ = true;
     Node& n = add(Opcode::kGemv, int(gemv::num_tiles(g)), si, what, plan.smem);
     n.ins.params.gemv = {g, plan.matrices};
-    n.accesses.push_back(rows_of(g.x, g.batch, g.x_stride, std::int64_t(g.k_blocks) * 256, false));
+    n.info.accesses.push_back(rows_of(g.x, g.batch, g.x_stride, std::int64_t(g.k_blocks) * 256, false));
     for (int m = 0; m < 2; ++m)
-      if (g.out[m]) n.accesses.push_back(rows_of(g.out[m], g.batch, g.out_stride, g.n, true));
-    if (g.residual) n.accesses.push_back(rows_of(g.residual, g.batch, g.out_stride, g.n, false));
-    if (normalized) n.accesses.push_back(bytes_of(normalized, std::size_t(g.batch) * g.k_blocks * 256 * 4, true));
+      if (g.out[m]) n.info.accesses.push_back(rows_of(g.out[m], g.batch, g.out_stride, g.n, true));
+    if (g.residual) n.info.accesses.push_back(rows_of(g.residual, g.batch, g.out_stride, g.n, false));
+    if (normalized) n.info.accesses.push_back(bytes_of(normalized, std::size_t(g.batch) * g.k_blocks * 256 * 4, true));
     return {};
   }
 
@@ -210,11 +204,17 @@ class Lowering {
     n.ins.params.kda.host_slot_ids = nullptr;  // (a host pointer: the pipeline checked the slots on the host)
     const std::size_t conv = std::size_t(k.num_slots) * ops::kda_conv_state_floats_per_slot(k.num_heads, k.head_dim) * 4;
     const std::size_t state = std::size_t(k.num_slots) * ops::kda_recurrent_state_floats_per_slot(k.num_heads, k.head_dim) * 4;
-    n.accesses = {rows_of(k.proj, k.batch, k.proj_stride, ops::kda_proj_width(k), false),
+    n.info.accesses = {rows_of(k.proj, k.batch, k.proj_stride, ops::kda_proj_width(k), false),
                   bytes_of(k.y, std::size_t(k.batch) * k.num_heads * k.head_dim * 4, true),
                   bytes_of(k.conv_state, conv, true, k.state_settled), bytes_of(k.recurrent_state, state, true, k.state_settled)};
-    if (k.error_flag) n.accesses.push_back(bytes_of(k.error_flag, 4, false));
+    if (k.error_flag) n.info.accesses.push_back(bytes_of(k.error_flag, 4, false));
     return {};
+  }
+
+  // The same bytes, read (before the wait when `early`).
+  static Access read(Access a, bool early = false) {
+    a.write = false, a.early = early;
+    return a;
   }
 
   static Access cache_of(const ops::MlaPagedCache& c, bool write) {
@@ -239,10 +239,10 @@ class Lowering {
     const ops::MlaPagedCache cache = t.cache;
     const int slot = take_map_slots(1, [cache](CUtensorMap* m) { return ops::mla::encode_pages_map(cache, m); });
     n.ins.params.mla_splitkv = {t, map_table_ + slot};
-    n.accesses = attention_accesses(t, true);
-    n.accesses.push_back(bytes_of(t.sched_meta, std::size_t(t.num_parts) * ops::kMlaMetaInts * 4, false, t.plan_settled));
-    n.accesses.push_back(bytes_of(t.q576, std::size_t(t.num_seqs) * t.num_heads * ops::kMlaRowDim * 2, false));
-    n.accesses.push_back(cache_of(t.cache, false));
+    n.info.accesses = attention_accesses(t, true);
+    n.info.accesses.push_back(bytes_of(t.sched_meta, std::size_t(t.num_parts) * ops::kMlaMetaInts * 4, false, t.plan_settled));
+    n.info.accesses.push_back(bytes_of(t.q576, std::size_t(t.num_seqs) * t.num_heads * ops::kMlaRowDim * 2, false));
+    n.info.accesses.push_back(cache_of(t.cache, false));
     return {};
   }
 
@@ -253,12 +253,12 @@ class Lowering {
     Node& g = add(Opcode::kRouterGemv, moe::router_gemv_tiles(plan.gemv), si, "moe.router", 0);
     g.ins.params.router_gemv = plan.gemv;
     const Access ws = bytes_of(static_cast<const char*>(r.workspace), r.workspace_bytes, true);
-    g.accesses = {rows_of(r.h, r.batch, r.hidden, r.hidden, false), ws};
+    g.info.accesses = {rows_of(r.h, r.batch, r.hidden, r.hidden, false), ws};
     Node& t = add(Opcode::kRouterTopk, moe::router_topk_tiles(r.batch), si, "moe.topk", plan.topk_smem);
     t.ins.params.router_topk = {plan.topk, plan.topk_lane_width};
     const std::size_t slots = std::size_t(r.batch) * r.config.top_k * 4;
-    t.accesses = {{ws.begin, ws.end, false, false}, bytes_of(r.topk_ids, slots, true), bytes_of(r.topk_weights, slots, true)};
-    if (r.logits) t.accesses.push_back(bytes_of(r.logits, std::size_t(r.batch) * r.config.num_experts * 4, true));
+    t.info.accesses = {read(ws), bytes_of(r.topk_ids, slots, true), bytes_of(r.topk_weights, slots, true)};
+    if (r.logits) t.info.accesses.push_back(bytes_of(r.logits, std::size_t(r.batch) * r.config.num_experts * 4, true));
     return {};
   }
 
@@ -280,11 +280,8 @@ class Lowering {
                    StatusCode::kInvalidArgument, "megakernel: stage ", si, ": the experts' workspace pieces are out of order");
     const Access list = range_of(e.num_passes, e.chunk_done, true), chunks = range_of(e.chunk_done, e.act_in, true);
     const Access act_in = range_of(e.act_in, e.act_mid, true), act_mid = range_of(e.act_mid, e.y, true), y = range_of(e.y, ws_end, true);
-    auto read = [](Access a, bool early = false) {
-      a.write = false, a.early = early;
-      return a;
-    };
     const Access x_rows = rows_of(m.h, m.batch, m.hidden, m.hidden, false);
+    const Access x_out = rows_of(m.x, m.batch, m.hidden, m.hidden, true);
     const std::size_t slots = std::size_t(m.batch) * m.top_k * 4;
     const Access ids = bytes_of(m.topk_ids, slots, false), weights = bytes_of(m.topk_weights, slots, false);
     const Access flag = bytes_of(m.error_flag, m.error_flag ? 4 : 0, true);
@@ -292,10 +289,10 @@ class Lowering {
     if (!in_block) {
       Node& q = add(Opcode::kMoeQuantize, m.batch, si, "moe.quantize", moe::quantize_smem_bytes(m.hidden));
       q.ins.params.moe_experts = e;
-      q.accesses = {x_rows, act_in};
+      q.info.accesses = {x_rows, act_in};
       Node& l = add(Opcode::kMoeList, 1, si, "moe.list", moe::prepare_smem_bytes());
       l.ins.params.moe_experts = e;
-      l.accesses = {ids, weights, list, chunks, flag};
+      l.info.accesses = {ids, weights, list, chunks, flag};
     }
     const int passes = moe::max_passes(m.batch, m.num_experts, m.num_shared, m.top_k, e.tokens_per_pass);
     const int gate_up_lanes = std::min(target_.sms, passes * moe::gate_up_row_groups(m.inter));
@@ -307,15 +304,15 @@ class Lowering {
     Node& g = add(Opcode::kMoeGateUp, gate_up_lanes, si, "moe.gate_up", plan.gate_up_smem);
     g.ins.params.moe_stream = {e, plan.gate_up, maps};
     if (in_block)  // the routing after the quantised input; lane 0 resets the combine's counters, reports bad ids
-      g.accesses = {read(x_rows, true), ids, weights, chunks, flag, act_mid};
+      g.info.accesses = {read(x_rows, true), ids, weights, chunks, flag, act_mid};
     else
-      g.accesses = {read(list), read(act_in), act_mid};
+      g.info.accesses = {read(list), read(act_in), act_mid};
     Node& d = add(Opcode::kMoeDown, down_lanes, si, "moe.down", plan.down_smem);
     d.ins.params.moe_stream = {e, plan.down, maps + 1};
     if (in_block)  // its list, from the routing, before its ring starts
-      d.accesses = {read(ids, true), read(weights, true), read(act_mid), y, chunks, x_rows, rows_of(m.x, m.batch, m.hidden, m.hidden, true)};
+      d.info.accesses = {read(ids, true), read(weights, true), read(act_mid), y, chunks, x_rows, x_out};
     else
-      d.accesses = {read(list, true), read(act_mid), y, chunks, x_rows, rows_of(m.x, m.batch, m.hidden, m.hidden, true)};
+      d.info.accesses = {read(list, true), read(act_mid), y, chunks, x_rows, x_out};
     return {};
   }
 
@@ -331,8 +328,8 @@ class Lowering {
       std::vector<int> early, late;
       for (int i = 0; i < j; ++i) {
         bool conflict = false, in_prologue = false;
-        for (const Access& b : nodes_[j].accesses)
-          for (const Access& a : nodes_[i].accesses)
+        for (const Access& b : nodes_[j].info.accesses)
+          for (const Access& a : nodes_[i].info.accesses)
             if ((a.write || b.write) && a.begin < b.end && b.begin < a.end && a.begin < a.end && b.begin < b.end) {
               conflict = true;
               in_prologue |= b.early;

@@ -39,29 +39,11 @@ struct DeviceLayout {
 
 }  // namespace
 
-Megakernel::~Megakernel() { release(); }
-
-Megakernel::Megakernel(Megakernel&& other) noexcept { *this = std::move(other); }
-
-Megakernel& Megakernel::operator=(Megakernel&& other) noexcept {
-  if (this != &other) {
-    release();
-    pipeline_ = other.pipeline_, device_ = std::exchange(other.device_, nullptr), kernel_ = other.kernel_;
-    grid_ = other.grid_, tokens_ = other.tokens_, count_ = other.count_, smem_ = other.smem_;
-    counters_offset_ = other.counters_offset_, counters_bytes_ = other.counters_bytes_, report_offset_ = other.report_offset_;
-    trace_offset_ = other.trace_offset_, schedule_offset_ = other.schedule_offset_;
-    timeout_ns_ = other.timeout_ns_, stress_seed_ = other.stress_seed_, program_ = std::move(other.program_);
-  }
-  return *this;
-}
-
-void Megakernel::release() {
-  if (device_) cudaFree(device_);  // (a destructor cannot report; an error here means a broken context)
-  device_ = nullptr;
-}
+// (A destructor cannot report; an error here means a broken context.)
+void Megakernel::DeviceFree::operator()(void* p) const { cudaFree(p); }
 
 Status Megakernel::build(Pipeline& pipeline, Megakernel& out, const MegakernelOptions& options) {
-  out.release();
+  out = Megakernel();
   const std::vector<Stage>& stages = pipeline.stages();
   ENCORE_REQUIRE(!stages.empty(), StatusCode::kInvalidArgument, "Megakernel::build: the pipeline has no stages");
   int ordinal = 0, cooperative = 0;
@@ -78,7 +60,7 @@ Status Megakernel::build(Pipeline& pipeline, Megakernel& out, const MegakernelOp
   void* device = nullptr;
   ENCORE_CUDA_TRY(cudaMalloc(&device, layout.total));
   Megakernel mk;
-  mk.device_ = device;  // owned from here: freed on any error below
+  mk.device_.reset(device);  // owned from here: freed on any error below
   const auto* map_table = reinterpret_cast<const CUtensorMap*>(static_cast<char*>(device) + layout.maps);
   ENCORE_RETURN_IF_ERROR(megakernel::lower(stages, target, map_table, &program));
   const int count = int(program.instructions.size());
@@ -133,7 +115,7 @@ Status Megakernel::build(Pipeline& pipeline, Megakernel& out, const MegakernelOp
 Status Megakernel::launch(cudaStream_t stream) const {
   ENCORE_REQUIRE(device_, StatusCode::kInvalidArgument, "Megakernel::launch: nothing built");
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
-  char* base = static_cast<char*>(device_);
+  char* base = static_cast<char*>(device_.get());
   KernelArgs args{};
   args.program = reinterpret_cast<const Instruction*>(base);  // (the program opens the allocation)
   args.count = count_;
@@ -161,7 +143,7 @@ Status Megakernel::read_status(cudaStream_t stream) {
   ENCORE_REQUIRE(device_, StatusCode::kInvalidArgument, "Megakernel::read_status: nothing built");
   ENCORE_CUDA_TRY(cudaStreamSynchronize(stream));
   std::vector<WaitReport> reports(static_cast<std::size_t>(grid_));
-  ENCORE_CUDA_TRY(cudaMemcpy(reports.data(), static_cast<char*>(device_) + report_offset_, reports.size() * sizeof(WaitReport),
+  ENCORE_CUDA_TRY(cudaMemcpy(reports.data(), static_cast<char*>(device_.get()) + report_offset_, reports.size() * sizeof(WaitReport),
                              cudaMemcpyDeviceToHost));
   // The earliest instruction that timed out: every later waiter waits, directly or not, on it.
   const WaitReport* r = nullptr;
@@ -169,7 +151,7 @@ Status Megakernel::read_status(cudaStream_t stream) {
     if (w.aborted && (!r || w.instruction < r->instruction)) r = &w;
   if (!r) return {};
   const WaitReport first = *r;
-  ENCORE_CUDA_TRY(cudaMemset(static_cast<char*>(device_) + counters_offset_, 0, counters_bytes_));
+  ENCORE_CUDA_TRY(cudaMemset(static_cast<char*>(device_.get()) + counters_offset_, 0, counters_bytes_));
   auto name = [&](int i) { return i >= 0 && i < count_ ? program_[i].name : std::string("?"); };
   return Status(StatusCode::kCudaError,
                 detail::concat("megakernel: a wait timed out in step ", first.step, ": instruction ", first.instruction, " (",
@@ -182,7 +164,7 @@ Status Megakernel::trace(cudaStream_t stream, std::vector<MegakernelInstructionT
   ENCORE_REQUIRE(device_ && trace_offset_, StatusCode::kInvalidArgument, "Megakernel::trace: not built with options.trace");
   ENCORE_CUDA_TRY(cudaStreamSynchronize(stream));
   std::vector<megakernel::TraceEntry> t(std::size_t(count_) * grid_);
-  ENCORE_CUDA_TRY(cudaMemcpy(t.data(), static_cast<char*>(device_) + trace_offset_, t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost));
+  ENCORE_CUDA_TRY(cudaMemcpy(t.data(), static_cast<char*>(device_.get()) + trace_offset_, t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost));
   std::uint64_t origin = ~0ull;
   for (const auto& e : t)
     if (e.start) origin = std::min(origin, e.start);

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -61,11 +62,6 @@ struct MegakernelInstructionTime {
 class Megakernel final : public DecodeStep {
  public:
   Megakernel() = default;
-  ~Megakernel() override;
-  Megakernel(Megakernel&& other) noexcept;
-  Megakernel& operator=(Megakernel&& other) noexcept;
-  Megakernel(const Megakernel&) = delete;
-  Megakernel& operator=(const Megakernel&) = delete;
 
   // Lowers pipeline.stages() (its current batch), encodes the tensor maps, uploads the program and
   // checks that one block per SM is co-resident with the shared memory the program needs. On error
@@ -90,9 +86,12 @@ class Megakernel final : public DecodeStep {
   const std::vector<MegakernelInstruction>& program() const { return program_; }
 
  private:
-  void release();
+  struct DeviceFree {
+    void operator()(void* p) const;
+  };
   Pipeline* pipeline_ = nullptr;
-  void* device_ = nullptr;  // program | map table | counters | report, one allocation
+  // program | schedule | map table | counters | wait reports | trace, one allocation
+  std::unique_ptr<void, DeviceFree> device_;
   const void* kernel_ = nullptr;
   int grid_ = 0, tokens_ = 1, count_ = 0;
   std::size_t smem_ = 0;
