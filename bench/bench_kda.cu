@@ -19,6 +19,7 @@
 #include <encore/ops/kda.h>
 
 #include "bench_util.h"
+#include "common/launch.h"
 #include "kda/kda_tile.cuh"
 
 namespace encore::bench {
@@ -148,7 +149,7 @@ __global__ void unfused_conv_kernel(ops::KdaParams p, float* qkv_ws) {
     const float h0 = hist[ch], h1 = hist[C + ch], h2 = hist[2 * C + ch], xt = p.proj[row * p.proj_stride + ch];
     const float4 w = reinterpret_cast<const float4*>(p.conv_weight)[ch];
     const float conv = w.x * h0 + w.y * h1 + w.z * h2 + w.w * xt;
-    qkv_ws[i] = conv * device::kda::sigmoid(conv);
+    qkv_ws[i] = conv * kda::sigmoid(conv);
     hist[ch] = h1, hist[C + ch] = h2, hist[2 * C + ch] = xt;
   }
 }
@@ -164,21 +165,21 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
   const int slot = p.slot_ids[row];
   if (slot < 0) return;
   float* state = p.recurrent_state + (std::int64_t(slot) * kHeads + head) * D * D;
-  device::kda::LaneVec<E> s[R];
+  kda::LaneVec<E> s[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) device::kda::load_stream(state + (warp * R + r) * D + lane * E, s[r]);
+  for (int r = 0; r < R; ++r) kda::load_stream(state + (warp * R + r) * D + lane * E, s[r]);
   const float* x = p.proj + row * p.proj_stride;
   for (int t = threadIdx.x; t < 2 * kRank; t += kBlockThreads) fa_ga[t] = x[3 * P + t];
-  const float beta = device::kda::sigmoid(x[3 * P + 2 * kRank + head]);
+  const float beta = kda::sigmoid(x[3 * P + 2 * kRank + head]);
   const float* qkv = qkv_ws + row * 3 * P;
-  device::kda::LaneVec<E> q, k;
+  kda::LaneVec<E> q, k;
   float qq = 0, kk = 0, kq = 0;
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     q.v[e] = qkv[head * D + lane * E + e], k.v[e] = qkv[P + head * D + lane * E + e];
     qq += q.v[e] * q.v[e], kk += k.v[e] * k.v[e], kq += q.v[e] * k.v[e];
   }
-  qq = device::kda::warp_sum(qq), kk = device::kda::warp_sum(kk), kq = device::kda::warp_sum(kq);
+  qq = kda::warp_sum(qq), kk = kda::warp_sum(kk), kq = kda::warp_sum(kq);
   const float qf = rsqrtf(float(D)) / sqrtf(qq + 1e-6f), kf = 1.f / sqrtf(kk + 1e-6f);
 #pragma unroll
   for (int e = 0; e < E; ++e) q.v[e] *= qf, k.v[e] *= kf;
@@ -193,9 +194,9 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
                                                       decay ? fa_ga : fa_ga + kRank, kRank, lane & 15);
     if ((lane & 15) == 0) {
       if (decay)
-        alpha[jj] = expf(neg_a * device::kda::softplus(dot + p.dt_bias[head * D + jj]));
+        alpha[jj] = expf(neg_a * kda::softplus(dot + p.dt_bias[head * D + jj]));
       else
-        gate_ws[row * P + head * D + jj] = device::kda::sigmoid(dot);
+        gate_ws[row * P + head * D + jj] = kda::sigmoid(dot);
     }
   }
   __syncthreads();
@@ -207,12 +208,12 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
       s[r].v[e] *= alpha[lane * E + e];
       pv += s[r].v[e] * k.v[e], av += s[r].v[e] * q.v[e];
     }
-    pv = device::kda::warp_sum(pv), av = device::kda::warp_sum(av);
+    pv = kda::warp_sum(pv), av = kda::warp_sum(av);
     const int v = warp * R + r;
     const float u = beta * (qkv[2 * P + head * D + v] - pv);
 #pragma unroll
     for (int e = 0; e < E; ++e) s[r].v[e] += k.v[e] * u;
-    device::kda::store_stream(state + v * D + lane * E, s[r]);
+    kda::store_stream(state + v * D + lane * E, s[r]);
     if (lane == 0) o_ws[row * P + head * D + v] = av + kq * u;
   }
 }
@@ -233,7 +234,7 @@ __global__ void unfused_norm_kernel(ops::KdaParams p, const float* o_ws, const f
   const float4 o = reinterpret_cast<const float4*>(o_ws + std::int64_t(item) * D)[lane];
   const float4 g = reinterpret_cast<const float4*>(gate_ws + std::int64_t(item) * D)[lane];
   const float4 w = reinterpret_cast<const float4*>(p.o_norm_weight)[lane];
-  const float inv = 1.f / sqrtf(device::kda::warp_sum(o.x * o.x + o.y * o.y + o.z * o.z + o.w * o.w) / D + p.norm_eps);
+  const float inv = 1.f / sqrtf(kda::warp_sum(o.x * o.x + o.y * o.y + o.z * o.z + o.w * o.w) / D + p.norm_eps);
   reinterpret_cast<float4*>(y)[lane] = make_float4(o.x * inv * w.x * g.x, o.y * inv * w.y * g.y,
                                                    o.z * inv * w.z * g.z, o.w * inv * w.w * g.w);
 }
@@ -253,9 +254,9 @@ __global__ void __launch_bounds__(kBlockThreads, MinBlocks) state_touch_kernel(o
   const std::int64_t P = std::int64_t(kHeads) * D, C = 3 * P;
   const int slot = p.slot_ids[row];
   float* state = p.recurrent_state + (std::int64_t(slot) * kHeads + head) * D * D + part * (D / Split) * D;
-  device::kda::LaneVec<E> s[R];
+  kda::LaneVec<E> s[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) device::kda::load_stream(state + (warp * R + r) * D + lane * E, s[r]);
+  for (int r = 0; r < R; ++r) kda::load_stream(state + (warp * R + r) * D + lane * E, s[r]);
   float* hist = p.conv_state + std::int64_t(slot) * 3 * C;
   constexpr int kPerThread = (kChannels + kBlockThreads - 1) / kBlockThreads;
   float h[3][kPerThread];
@@ -271,7 +272,7 @@ __global__ void __launch_bounds__(kBlockThreads, MinBlocks) state_touch_kernel(o
   for (int r = 0; r < R; ++r) {
 #pragma unroll
     for (int e = 0; e < E; ++e) s[r].v[e] *= 0.999f;
-    device::kda::store_stream(state + (warp * R + r) * D + lane * E, s[r]);
+    kda::store_stream(state + (warp * R + r) * D + lane * E, s[r]);
   }
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
@@ -293,11 +294,11 @@ __global__ void __launch_bounds__(kBlockThreads) state_stream_kernel(ops::KdaPar
   float* state = p.recurrent_state + (std::int64_t(slot) * kHeads + head) * D * D;
 #pragma unroll 4
   for (int r = 0; r < R; ++r) {
-    device::kda::LaneVec<4> v;
-    device::kda::load_stream(state + (warp * R + r) * D + lane * 4, v);
+    kda::LaneVec<4> v;
+    kda::load_stream(state + (warp * R + r) * D + lane * 4, v);
 #pragma unroll
     for (int e = 0; e < 4; ++e) v.v[e] *= 0.999f;
-    device::kda::store_stream(state + (warp * R + r) * D + lane * 4, v);
+    kda::store_stream(state + (warp * R + r) * D + lane * 4, v);
   }
   float* hist = p.conv_state + std::int64_t(slot) * 3 * C;
   for (int c = threadIdx.x; c < 3 * D; c += kBlockThreads) {

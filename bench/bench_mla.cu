@@ -115,7 +115,7 @@ void BM_MlaDecode(benchmark::State& state) {
   BENCH_CUDA(cudaMemcpy(d_pos.ptr, pos.data(), batch * 4, cudaMemcpyHostToDevice));
 
   const int parts = parts_arg > 0 ? parts_arg : mla_num_parts(heads);
-  DeviceMemory q576(std::size_t(batch) * heads * kMlaRowDim * 2), meta(std::size_t(parts) * kMlaMetaInts * 4),
+  DeviceMemory q576(std::size_t(batch) * heads * kMlaRowDim * 2), meta(std::size_t(parts) * kMlaPartPlanInts * 4),
       splits((batch + 1) * 4), flag(4), o_lat(std::size_t(batch) * heads * kMlaLatentDim * 4), lse(std::size_t(batch) * heads * 4),
       part_o(std::size_t(batch + parts) * heads * kMlaLatentDim * 4), part_lse(std::size_t(batch + parts) * heads * 4),
       counters(std::size_t(batch) * 4);
@@ -131,9 +131,9 @@ void BM_MlaDecode(benchmark::State& state) {
   sp.seq_lens = d_lens.as<std::int32_t>();
   sp.positions = d_pos.as<std::int32_t>();
   sp.cache = cache;
-  sp.num_seqs = batch;
+  sp.batch = batch;
   sp.num_parts = parts;
-  sp.sched_meta = meta.as<std::int32_t>();
+  sp.part_plans = meta.as<ops::MlaPartPlan>();
   sp.num_splits = splits.as<std::int32_t>();
   sp.error_flag = flag.as<std::int32_t>();
   check(mla_sched(sp, nullptr));
@@ -143,10 +143,10 @@ void BM_MlaDecode(benchmark::State& state) {
   MlaAttentionParams ap;
   ap.q576 = q576.as<__nv_bfloat16>();
   ap.seq_lens = d_lens.as<std::int32_t>();
-  ap.sched_meta = meta.as<std::int32_t>();
+  ap.part_plans = meta.as<ops::MlaPartPlan>();
   ap.num_splits = splits.as<std::int32_t>();
   ap.error_flag = flag.as<std::int32_t>();
-  ap.num_seqs = batch;
+  ap.batch = batch;
   ap.num_heads = heads;
   ap.num_parts = parts;
   ap.softmax_scale = kMlaScaleKimi;

@@ -21,7 +21,9 @@
 #include <encore/ops/q4k_gemv.h>
 
 #include "bench_util.h"
-#include "common/launch.cuh"
+#include "common/block.h"
+#include "common/pdl.cuh"
+#include "common/launch.h"
 
 namespace encore::bench {
 namespace {

@@ -21,7 +21,7 @@ Status add_mla_buffers(const ModelConfig& c, const BufferOptions& o, TensorArena
   ENCORE_RETURN_IF_ERROR(b.add("mla.lse", DType::kF32, {B, H}));
   ENCORE_RETURN_IF_ERROR(b.add("mla.partial_o", DType::kF32, {B + P, H, ops::kMlaLatentDim}));
   ENCORE_RETURN_IF_ERROR(b.add("mla.partial_lse", DType::kF32, {B + P, H}));
-  ENCORE_RETURN_IF_ERROR(b.add("mla.sched_meta", DType::kI32, {P, ops::kMlaMetaInts}));
+  ENCORE_RETURN_IF_ERROR(b.add("mla.part_plans", DType::kI32, {P, ops::kMlaPartPlanInts}));
   ENCORE_RETURN_IF_ERROR(b.add("mla.num_splits", DType::kI32, {B + 1}));
   ENCORE_RETURN_IF_ERROR(b.add("mla.v_out", DType::kF32, {B, H * ops::kMlaVHeadDim}));
   return b.add("flags.mla", DType::kI32, {1});

@@ -11,7 +11,7 @@
 #include <encore/q4k.h>
 
 #include "common/cuda_check.h"
-#include "common/launch.cuh"
+#include "common/block.h"
 
 namespace encore::pipeline {
 namespace {

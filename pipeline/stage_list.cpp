@@ -111,8 +111,8 @@ class Builder {
   void mla_sched(int l) {
     ops::MlaSchedParams& p = push(StageKind::kMlaSched, StageRole::kMlaSched, -1, &StageParams::mla_sched);
     p.seq_lens = buffer<std::int32_t>("step.seq_lens"), p.positions = buffer<std::int32_t>("step.positions");
-    p.cache = cache(l), p.num_seqs = B_, p.num_parts = o_.mla_num_parts;
-    p.sched_meta = buffer<std::int32_t>("mla.sched_meta"), p.num_splits = buffer<std::int32_t>("mla.num_splits");
+    p.cache = cache(l), p.batch = B_, p.num_parts = o_.mla_num_parts;
+    p.part_plans = buffer<ops::MlaPartPlan>("mla.part_plans"), p.num_splits = buffer<std::int32_t>("mla.num_splits");
     p.error_flag = buffer<std::int32_t>("flags.mla");
   }
 
@@ -133,18 +133,18 @@ class Builder {
 
     ops::MlaQAbsorbParams& q = push(StageKind::kMlaQAbsorb, StageRole::kMlaQAbsorb, l, &StageParams::mla_q_absorb);
     q.q = lora ? buffer<float>("mla.q") : proj, q.q_stride = lora ? q_width : stride;
-    q.kv_b = kv_b, q.positions = buffer<std::int32_t>("step.positions"), q.num_seqs = B_, q.num_heads = m.heads;
+    q.kv_b = kv_b, q.positions = buffer<std::int32_t>("step.positions"), q.batch = B_, q.num_heads = m.heads;
     q.rope = rope(), q.q576 = q576;
 
     ops::MlaKvAppendParams& a = push(StageKind::kMlaKvAppend, StageRole::kMlaKvAppend, l, &StageParams::mla_kv_append, true);
     a.kv_a = proj + q_cols, a.kv_a_stride = stride, a.norm_weight = weight<float>(l, "attn_kv_a_norm.weight");
     a.eps = c_.rms_eps, a.positions = buffer<std::int32_t>("step.positions"), a.seq_lens = buffer<std::int32_t>("step.seq_lens");
-    a.cache = cache(l), a.num_seqs = B_, a.rope = rope(), a.error_flag = buffer<std::int32_t>("flags.mla");
+    a.cache = cache(l), a.batch = B_, a.rope = rope(), a.error_flag = buffer<std::int32_t>("flags.mla");
 
     ops::MlaAttentionParams t;
     t.q576 = q576, t.cache = cache(l), t.seq_lens = buffer<std::int32_t>("step.seq_lens");
-    t.sched_meta = buffer<std::int32_t>("mla.sched_meta"), t.num_splits = buffer<std::int32_t>("mla.num_splits");
-    t.error_flag = buffer<std::int32_t>("flags.mla"), t.num_seqs = B_, t.num_heads = m.heads, t.num_parts = o_.mla_num_parts;
+    t.part_plans = buffer<ops::MlaPartPlan>("mla.part_plans"), t.num_splits = buffer<std::int32_t>("mla.num_splits");
+    t.error_flag = buffer<std::int32_t>("flags.mla"), t.batch = B_, t.num_heads = m.heads, t.num_parts = o_.mla_num_parts;
     t.softmax_scale = m.softmax_scale, t.o_lat = buffer<float>("mla.o_lat"), t.lse = buffer<float>("mla.lse");
     t.partial_o = buffer<float>("mla.partial_o"), t.partial_lse = buffer<float>("mla.partial_lse");
     t.plan_settled = true;  // mla_sched and the step inputs ran first; only the append's rows are new
@@ -152,7 +152,7 @@ class Builder {
     push(StageKind::kMlaCombine, StageRole::kMlaCombine, l, &StageParams::mla_attention) = t;
 
     ops::MlaVUpParams& v = push(StageKind::kMlaVUp, StageRole::kMlaVUp, l, &StageParams::mla_v_up);
-    v.o_lat = t.o_lat, v.kv_b = kv_b, v.num_seqs = B_, v.num_heads = m.heads, v.out = buffer<float>("mla.v_out");
+    v.o_lat = t.o_lat, v.kv_b = kv_b, v.batch = B_, v.num_heads = m.heads, v.out = buffer<float>("mla.v_out");
     residual_gemv(StageRole::kMlaOutProj, l, "attn_output.weight", v.out, std::int64_t(m.heads) * m.v_dim);
   }
 

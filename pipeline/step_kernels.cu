@@ -4,7 +4,9 @@
 #include <encore/pipeline/stage_params.h>
 
 #include "common/cuda_check.h"
-#include "common/launch.cuh"
+#include "common/block.h"
+#include "common/pdl.cuh"
+#include "common/launch.h"
 #include "pipeline/step_tiles.cuh"
 
 namespace encore::pipeline {
@@ -12,7 +14,7 @@ namespace {
 
 __global__ void __launch_bounds__(kBlockThreads) embed_kernel(const __grid_constant__ EmbedParams p) {
   encore::device::PdlWait wait{false};
-  device::embed_body(p, encore::device::GridRange{}, wait);
+  embed_body(p, encore::device::GridRange{}, wait);
   encore::device::allow_downstream();
 }
 

@@ -7,9 +7,9 @@
 #include <encore/pipeline/stage_params.h>
 
 #include "common/body.cuh"
-#include "common/launch.cuh"
+#include "common/block.h"
 
-namespace encore::pipeline::device {
+namespace encore::pipeline {
 
 // x[row] = float(table[id]); ids outside [0, vocab) are clamped (the host checks them before a
 // step; the clamp only keeps a bad id from reading outside the table).
@@ -33,4 +33,4 @@ __device__ inline void embed_body(const EmbedParams& p, const Range& r, Wait& wa
   for (int row = r.first(); row < p.batch; row += r.stride()) embed_tile(p, row);
 }
 
-}  // namespace encore::pipeline::device
+}  // namespace encore::pipeline

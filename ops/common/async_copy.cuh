@@ -10,6 +10,14 @@
 
 namespace encore::device {
 
+// Orders this thread's earlier generic-proxy accesses of shared memory before its later
+// async-proxy ones (bulk copies into memory that was just read or written by threads).
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ std::uint32_t smem_address(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }

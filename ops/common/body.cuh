@@ -22,7 +22,7 @@
 #include <cstdint>
 
 #include "common/async_copy.cuh"
-#include "common/launch.cuh"
+#include "common/pdl.cuh"
 
 namespace encore::device {
 

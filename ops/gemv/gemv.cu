@@ -6,7 +6,8 @@
 #include <type_traits>
 
 #include "common/cuda_check.h"
-#include "common/launch.cuh"
+#include "common/block.h"
+#include "common/launch.h"
 #include "gemv/gemv_plan.h"
 #include "gemv/gemv_tile.cuh"
 
@@ -27,7 +28,7 @@ constexpr int kMinBlocksPerSm = NTOK * NMAT * gemv::rows_per_group(NTOK, NMAT) >
 template <int NTOK, int NMAT>
 __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm<NTOK, NMAT>) gemv_kernel(const __grid_constant__ GemvTileParams p) {
   extern __shared__ __align__(16) char smem[];
-  // The first `stages` weight copies of every warp are in flight before the wait for the
+  // The first `slots` weight copies of every warp are in flight before the wait for the
   // upstream kernel (weights never depend on it). No separate L2 prefetch: measured slower.
   device::PdlWait wait;
   gemv::gemv_body<NTOK, NMAT, false>(p, device::GridRange{}, smem, wait);
@@ -64,23 +65,23 @@ std::size_t smem_bytes(const GemvTileParams& p, int ntok, int nmat) { return gem
 int plan_memory(GemvTileParams& p, int ntok, int nmat) {
   p.chunk_blocks = p.k_blocks;
   for (int blocks = 2; blocks >= 1; --blocks)
-    for (int stages = gemv::kLaunchMaxStages; stages >= 2; --stages) {
-      p.stages = stages;
+    for (int slots = gemv::kLaunchMaxSlots; slots >= 2; --slots) {
+      p.slots = slots;
       if (smem_bytes(p, ntok, nmat) <= (blocks == 2 ? kSmemTwoPerSm : kSmemOnePerSm)) return blocks;
     }
-  // Activations in chunks of whole stages, as many as fit beside the deepest ring that leaves room.
-  for (int stages = gemv::kLaunchMaxStages; stages >= 2; --stages) {
-    p.stages = stages;
+  // Activations in chunks of whole slots, as many as fit beside the deepest ring that leaves room.
+  for (int slots = gemv::kLaunchMaxSlots; slots >= 2; --slots) {
+    p.slots = slots;
     p.chunk_blocks = 0;
     const std::size_t fixed = smem_bytes(p, ntok, nmat);
     const std::size_t per_block = std::size_t(ntok) * (gemv::kActStride + sizeof(float));
     const int fit = fixed < kSmemOnePerSm ? int((kSmemOnePerSm - fixed - 64) / per_block) : 0;
-    if (fit >= p.stage_blocks) {
-      p.chunk_blocks = fit / p.stage_blocks * p.stage_blocks;
+    if (fit >= p.slot_blocks) {
+      p.chunk_blocks = fit / p.slot_blocks * p.slot_blocks;
       return 1;
     }
   }
-  p.chunk_blocks = p.stage_blocks;  // unreachable for kMaxTokens tokens; the launcher checks the size
+  p.chunk_blocks = p.slot_blocks;  // unreachable for kMaxTokens tokens; the launcher checks the size
   return 1;
 }
 
@@ -108,12 +109,12 @@ void plan(GemvTileParams& p, int ntok, int nmat, int sms) {
     GemvTileParams q = p;
     q.row_groups = groups;
     q.rows_per_warp = groups * rl;
-    q.stage_blocks = gemv::stage_blocks_for(groups, rl, nmat);
+    q.slot_blocks = gemv::slot_blocks_for(groups, rl, nmat);
     int per_sm = plan_memory(q, ntok, nmat);
-    // Long stages (G = 1: 32 blocks at 4 items) can leave no room for one stage's activations of
-    // 16 tokens: then the candidate takes the short stages of gate/up (v6's plan).
+    // Long slots (G = 1: 32 blocks at 4 items) can leave no room for one slot's activations of
+    // 16 tokens: then the candidate takes the short slots of gate/up (v6's plan).
     if (smem_bytes(q, ntok, nmat) > kSmemOnePerSm) {
-      q.stage_blocks = gemv::stage_blocks_for(groups, rl, 2);
+      q.slot_blocks = gemv::slot_blocks_for(groups, rl, 2);
       per_sm = plan_memory(q, ntok, nmat);
     }
     const std::int64_t tiles = gemv::num_tiles(q);
@@ -128,7 +129,7 @@ void plan(GemvTileParams& p, int ntok, int nmat, int sms) {
 }
 
 // The mma core's plan: row groups of kMmaTileRows rows, every warp streaming its group's rows over
-// its K part in stages of kMmaStageBlocks blocks; all of K's activations must fit in one chunk
+// its K part in slots of kMmaSlotBlocks blocks; all of K's activations must fit in one chunk
 // (false if they do not). The K parts per group (1, 2, 4 or 8; `k_parts` 0 = chosen here) trade
 // balance between the warps of a group (K = 2304 is 9 blocks: 8 parts leave one warp two blocks
 // and seven one) against tiles for the SMs (1 part: 128-row tiles), by mma_cost. With two blocks
@@ -137,7 +138,7 @@ void plan(GemvTileParams& p, int ntok, int nmat, int sms) {
 // 14.9 us at 8 parts against 16.9 at 4 and 20.0 at 1; lm_head 149 -> 116 us at 1 part). With one
 // block per SM (16 tokens) the cost model's choice measured best: lm_head 321 -> 208 us, KDA
 // in_proj 12576 x 2304 33.9 -> 28.3, decode B = 16 6680 -> 6520 us against the min-rounds rule.
-constexpr int kMmaStageBlocks = 2;
+constexpr int kMmaSlotBlocks = 2;
 constexpr double kMmaReduceSteps = 0.5;  // the cross-part reduction, in K-block steps
 constexpr int kMmaMinRounds = 4;
 
@@ -156,7 +157,7 @@ bool plan_mma(GemvTileParams& p, int ntok, int nmat, int sms, int k_parts) {
   q.mma = true;
   q.rows_per_warp = gemv::kMmaTileRows;
   q.row_groups = 8;
-  q.stage_blocks = kMmaStageBlocks;
+  q.slot_blocks = kMmaSlotBlocks;
   q.mma_part_bits = log2_parts(kWarpsPerBlock);
   const int per_sm = plan_memory(q, ntok, nmat);
   if (q.chunk_blocks < q.k_blocks || smem_bytes(q, ntok, nmat) > kSmemOnePerSm) return false;
@@ -184,7 +185,7 @@ bool plan_mma_if_chosen(GemvTileParams& p, int ntok, int nmat, const GemvLaunch&
   return ntok >= 8 && wanted && plan_mma(p, ntok, nmat, sms, launch.mma_k_parts);
 }
 
-// The device-dependent plan (row split, stages) of p for ntok tokens and its shared memory.
+// The device-dependent plan (row split, slots) of p for ntok tokens and its shared memory.
 // Validation runs it too, so a shape the device cannot hold fails before any stage launches.
 Status plan_launch(GemvTileParams& p, int ntok, int nmat, std::size_t& smem, const GemvLaunch& launch, int sms) {
   if (!plan_mma_if_chosen(p, ntok, nmat, launch, sms)) plan(p, ntok, nmat, sms);

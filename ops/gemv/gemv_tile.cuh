@@ -1,14 +1,14 @@
 // Device body of the Q4_K GEMV family: one tile = 8 warps x W output rows of one or two matrices
 // (gate/up share the activations) for all tokens of the step.
 //
-// Weights (v5): each warp streams its W rows through its own ring of `stages` shared-memory
-// buffers, one bulk copy per (matrix, row) and stage of `stage_blocks` K blocks, completion on one
+// Weights (v5): each warp streams its W rows through its own ring of `slots` shared-memory
+// buffers, one bulk copy per (matrix, row) and slot of `slot_blocks` K blocks, completion on one
 // mbarrier per buffer. The ring runs ahead across the tiles a block executes (WeightPipe), so the
-// first stages of the next tile are in flight while this one computes; bytes in flight cost no
-// registers. The copies of a block's first stages are issued before the PDL wait.
+// first slots of the next tile are in flight while this one computes; bytes in flight cost no
+// registers. The copies of a block's first slots are issued before the PDL wait.
 //
 // Math: the 8 four-lane groups of a warp are G row groups x (8 / G) K slices; group g owns the
-// RL = W / G rows g % G + G * i (i < RL) and the stage's blocks g / G, g / G + 8 / G, ... Lane p
+// RL = W / G rows g % G + G * i (i < RL) and the slot's blocks g / G, g / G + 8 / G, ... Lane p
 // of a group reads 64 weights per block and row (q4k_stream.cuh): one scale/min decode per 64
 // weights, each activation load serves RL rows (RL > 1 for several tokens).
 // Row sums are fixed-order shuffle butterflies: the result never depends on the grid or the block
@@ -26,10 +26,11 @@
 #include <encore/q4k.h>
 
 #include "common/body.cuh"
-#include "common/launch.cuh"
-#include "gemv/activation_q8.cuh"
-#include "gemv/q4k_mma.cuh"
-#include "gemv/q4k_stream.cuh"
+#include "common/block.h"
+#include "common/smem_allocator.cuh"
+#include "q4k/activation_q8.cuh"
+#include "q4k/q4k_mma.cuh"
+#include "q4k/q4k_stream.cuh"
 
 namespace encore::gemv {
 
@@ -39,7 +40,7 @@ enum class Epilogue : int {
   kRaw,      // out0 = acc_gate, out1 = acc_up
 };
 
-// Device-ready arguments of one GEMV stage (built and validated by the host launchers).
+// Device-ready arguments of one GEMV (built and validated by the host launchers).
 struct GemvTileParams {
   const char* mat[2];         // Q4_K matrices [n][k_blocks] (mat[1] only for gate/up)
   std::int64_t row_bytes;     // k_blocks * 144
@@ -57,9 +58,9 @@ struct GemvTileParams {
   int batch;                  // active tokens (<= NTOK of the instantiation)
   int rows_per_warp;          // W = row_groups * RL (RL = rows_per_group of the instantiation)
   int row_groups;             // G: 1, 2, 4 or 8 (8 / G groups split K)
-  int stage_blocks;           // K blocks per pipeline stage: stage_blocks_for(G, RL, matrices)
-  int stages;                 // ring depth per warp, 2..kMaxStages (launchers plan up to kLaunchMaxStages)
-  int chunk_blocks;           // K blocks quantised per shared-memory pass (k_blocks, or a multiple of stage_blocks)
+  int slot_blocks;           // K blocks per ring slot: slot_blocks_for(G, RL, matrices)
+  int slots;                 // ring depth per warp, 2..kMaxSlots (launchers plan up to kLaunchMaxSlots)
+  int chunk_blocks;           // K blocks quantised per shared-memory pass (k_blocks, or a multiple of slot_blocks)
   bool mma;                   // int8 tensor-core core: row groups of kMmaTileRows rows, K split over the warps
   int mma_part_bits;          // mma core: log2 of the warps per row group (K parts: 1, 2, 4 or 8)
 };
@@ -68,19 +69,19 @@ inline constexpr int kMaxTokens = 16;
 // Rows of an mma-core row group (the M of one m16n8k32). A tile is kWarpsPerBlock >> mma_part_bits
 // row groups; the 1 << mma_part_bits warps of a group stream its rows, each over its own K part.
 inline constexpr int kMmaTileRows = 16;
-// Ring depth: the launchers plan up to 4 stages (two blocks per SM share the SM's shared memory);
+// Ring depth: the launchers plan up to 4 slots (two blocks per SM share the SM's shared memory);
 // the megakernel, with one block per SM, deepens the same plan up to 8 (the depth changes no bits).
-inline constexpr int kLaunchMaxStages = 4;
-inline constexpr int kMaxStages = 8;
-// (row, block) items per group and stage: one matrix 4, gate/up 2. Larger stages mean fewer,
-// longer bulk copies (the planner then keeps fewer stages in the same shared memory). H200 A/B, one
+inline constexpr int kLaunchMaxSlots = 4;
+inline constexpr int kMaxSlots = 8;
+// (row, block) items per group and slot: one matrix 4, gate/up 2. Larger slots mean fewer,
+// longer bulk copies (the planner then keeps fewer slots in the same shared memory). H200 A/B, one
 // matrix, 2 -> 4 items: lm_head b1 75.4 -> 62.5 us, b4 185 -> 146, q/k/v b1 4.03 -> 3.78, Llama up
 // b1 14.3 -> 11.9; gate/up got slower (expert 1024 x 2304 b1 4.13 -> 4.88 us), so it keeps 2.
-inline constexpr int kStageRowBlocksOneMatrix = 4;
-inline constexpr int kStageRowBlocksGateUp = 2;
+inline constexpr int kSlotRowBlocksOneMatrix = 4;
+inline constexpr int kSlotRowBlocksGateUp = 2;
 // Bytes between two tokens' / blocks' activations: 16 more than a block, so the two groups of a
 // quarter warp that read neighbouring blocks (G = 1) hit different banks.
-inline constexpr int kActStride = kActBlockBytes + 16;
+inline constexpr int kActStride = q4k::kActBlockBytes + 16;
 static_assert(kActStride % 16 == 0, "activation slots are cleared and read in 16-byte vectors");
 
 __host__ __device__ constexpr int rows_per_tile(int rows_per_warp) { return kWarpsPerBlock * rows_per_warp; }
@@ -103,20 +104,15 @@ __host__ __device__ inline int mma_k_end(const GemvTileParams& p, int warp) {
 // fused gate/up 1024 x 2304 42.6 / 27.2 / 27.1; lm_head 386 / 403 / 444), since more rows per
 // group need up to 255 registers and a coarser K split.
 __host__ __device__ constexpr int rows_per_group(int ntok, int nmat) { return ntok == 4 && nmat == 1 ? 2 : 1; }
-__host__ __device__ constexpr int stage_blocks_for(int row_groups, int rows_per_group, int nmat) {
-  const int items = nmat == 1 ? kStageRowBlocksOneMatrix : kStageRowBlocksGateUp;
+__host__ __device__ constexpr int slot_blocks_for(int row_groups, int rows_per_group, int nmat) {
+  const int items = nmat == 1 ? kSlotRowBlocksOneMatrix : kSlotRowBlocksGateUp;
   return (items / rows_per_group > 0 ? items / rows_per_group : 1) * 8 / row_groups;
 }
-// Row pitch inside a stage buffer: an odd number of 16-byte units, so the two groups of a quarter
-// warp (neighbouring rows, same block) read different banks.
-__host__ __device__ constexpr int stage_pitch(int stage_blocks) {
-  return stage_blocks * q4k::kBlockBytes + (stage_blocks % 2 == 0 ? 16 : 0);
-}
-__host__ __device__ constexpr int stage_bytes(int nmat, int rows_per_warp, int stage_blocks) {
-  return nmat * rows_per_warp * stage_pitch(stage_blocks);
+__host__ __device__ constexpr int slot_bytes(int nmat, int rows_per_warp, int slot_blocks) {
+  return nmat * rows_per_warp * q4k::slot_pitch(slot_blocks);
 }
 
-// Shared memory of a block: barriers [warps][stages] | weight rings [warps][stages][stage]
+// Shared memory of a block: barriers [warps][slots] | weight rings [warps][slots][slot]
 // | activations [ntok][chunk_blocks] | sum(x^2) per (token, block) | running sum per token | 1/rms.
 struct GemvSmem {
   std::uint64_t* bars;
@@ -125,13 +121,13 @@ struct GemvSmem {
   float* block_ss;
   float* total_ss;
   float* inv_rms;
-  int chunk_blocks, ring_bytes_per_warp, stage_size;
+  int chunk_blocks, ring_bytes_per_warp, slot_size;
 
   __host__ __device__ GemvSmem(char* base, const GemvTileParams& p, int ntok, int nmat) {
     device::SmemAllocator a(base);
-    bars = a.take<std::uint64_t>(kWarpsPerBlock * p.stages);
-    stage_size = stage_bytes(nmat, p.rows_per_warp, p.stage_blocks);
-    ring_bytes_per_warp = p.stages * stage_size;
+    bars = a.take<std::uint64_t>(kWarpsPerBlock * p.slots);
+    slot_size = slot_bytes(nmat, p.rows_per_warp, p.slot_blocks);
+    ring_bytes_per_warp = p.slots * slot_size;
     ring = a.take<char>(std::size_t(kWarpsPerBlock) * ring_bytes_per_warp);
     chunk_blocks = p.chunk_blocks;
     act = a.take<char>(std::size_t(ntok) * chunk_blocks * kActStride);
@@ -147,16 +143,16 @@ struct GemvSmem {
   __device__ char* act_block(int token, int j) const { return act + (std::size_t(token) * chunk_blocks + j) * kActStride; }
 };
 
-// The per-warp weight ring. The producer cursor walks the same (tile, stage) sequence the block
-// computes: tiles first_tile, first_tile + tile_stride, ... and ceil(k_blocks / stage_blocks)
-// stages per tile. Values are warp-uniform.
+// The per-warp weight ring. The producer cursor walks the same (tile, slot) sequence the block
+// computes: tiles first_tile, first_tile + tile_stride, ... and ceil(k_blocks / slot_blocks)
+// slots per tile. Values are warp-uniform.
 struct WeightPipe {
   std::uint64_t* bars;
   char* ring;
-  int stage_size;
+  int slot_size;
   std::uint32_t consumed = 0, issued = 0;
   std::int64_t next_tile, tile_stride, tiles;
-  int next_stage = 0;
+  int next_k_piece = 0;
 };
 
 // The state a block carries from one tile to the next.
@@ -167,17 +163,17 @@ struct TileState {
 
 namespace detail {
 
-// Copies the producer's next stage into its ring buffer (nothing once the block's tiles are done).
+// Copies the producer's next slot into its ring buffer (nothing once the block's tiles are done).
 // MMA: the mma core's pipe, where every warp streams its row group over its own K part.
 template <int NMAT, bool MMA = false>
-__device__ __forceinline__ void issue_stage(const GemvTileParams& p, WeightPipe& pipe, std::uint64_t policy) {
+__device__ __forceinline__ void fill_next_slot(const GemvTileParams& p, WeightPipe& pipe, std::uint64_t policy) {
   if (pipe.next_tile >= pipe.tiles) return;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, R = p.rows_per_warp;
   const int k_begin = MMA ? mma_k_begin(p, warp) : 0, k_end = MMA ? mma_k_end(p, warp) : p.k_blocks;
   if (MMA && k_begin == k_end) return;
-  const std::uint32_t slot = pipe.issued % std::uint32_t(p.stages);
-  const int kb0 = k_begin + pipe.next_stage * p.stage_blocks;
-  const int nb = min(p.stage_blocks, k_end - kb0);
+  const std::uint32_t slot = pipe.issued % std::uint32_t(p.slots);
+  const int kb0 = k_begin + pipe.next_k_piece * p.slot_blocks;
+  const int nb = min(p.slot_blocks, k_end - kb0);
   const std::int64_t row0 = MMA ? pipe.next_tile * tile_rows(p) + mma_row_group(p, warp) * kMmaTileRows
                                 : pipe.next_tile * rows_per_tile(R) + warp * R;
   const std::int64_t left = p.n - row0;
@@ -187,39 +183,39 @@ __device__ __forceinline__ void issue_stage(const GemvTileParams& p, WeightPipe&
   for (int c = lane; c < NMAT * R; c += 32) {
     const int m = c / R, r = c % R;
     if (r < valid)
-      device::bulk_copy_to_shared(pipe.ring + slot * pipe.stage_size + c * stage_pitch(p.stage_blocks),
+      device::bulk_copy_to_shared(pipe.ring + slot * pipe.slot_size + c * q4k::slot_pitch(p.slot_blocks),
                                   p.mat[m] + (row0 + r) * p.row_bytes + std::int64_t(kb0) * q4k::kBlockBytes, bytes,
                                   &pipe.bars[slot], policy);
   }
   ++pipe.issued;
-  if (k_begin + ++pipe.next_stage * p.stage_blocks >= k_end) {
-    pipe.next_stage = 0;
+  if (k_begin + ++pipe.next_k_piece * p.slot_blocks >= k_end) {
+    pipe.next_k_piece = 0;
     pipe.next_tile += pipe.tile_stride;
   }
 }
 
 }  // namespace detail
 
-// Sets up the calling warp's ring (barriers, first `stages` copies) for tiles first_tile,
+// Sets up the calling warp's ring (barriers, first `slots` copies) for tiles first_tile,
 // first_tile + tile_stride, ... < tiles. Reads only weights: may run before the PDL wait.
 template <int NMAT, bool MMA = false>
 __device__ WeightPipe start_weight_pipe(const GemvTileParams& p, const GemvSmem& s, std::int64_t first_tile,
                                         std::int64_t tile_stride) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   WeightPipe pipe;
-  pipe.bars = s.bars + warp * p.stages;
+  pipe.bars = s.bars + warp * p.slots;
   pipe.ring = s.ring + std::size_t(warp) * s.ring_bytes_per_warp;
-  pipe.stage_size = s.stage_size;
+  pipe.slot_size = s.slot_size;
   pipe.next_tile = first_tile;
   pipe.tile_stride = tile_stride;
   pipe.tiles = num_tiles(p);
   if (lane == 0) {
-    for (int i = 0; i < p.stages; ++i) device::barrier_init(&pipe.bars[i], 1);
+    for (int i = 0; i < p.slots; ++i) device::barrier_init(&pipe.bars[i], 1);
     device::fence_barrier_init();
   }
   __syncwarp();
-  const std::uint64_t policy = q4k::device::evict_first_policy();
-  for (int i = 0; i < p.stages; ++i) detail::issue_stage<NMAT, MMA>(p, pipe, policy);
+  const std::uint64_t policy = q4k::evict_first_policy();
+  for (int i = 0; i < p.slots; ++i) detail::fill_next_slot<NMAT, MMA>(p, pipe, policy);
   return pipe;
 }
 
@@ -260,7 +256,7 @@ __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0,
         v[u][0] *= ga.x, v[u][1] *= ga.y, v[u][2] *= ga.z, v[u][3] *= ga.w;
         v[u][4] *= gb.x, v[u][5] *= gb.y, v[u][6] *= gb.z, v[u][7] *= gb.w;
       }
-      quantize_act_block(v[u], s.act_block(t, j));
+      q4k::quantize_act_block(v[u], s.act_block(t, j));
     }
   }
 }
@@ -346,9 +342,9 @@ __device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, const Gemv
   const std::int64_t row0 = tile * rows_per_tile(W) + warp * W;
   const bool single_chunk = p.chunk_blocks >= p.k_blocks;
   const bool quantize = !(single_chunk && state.act_cached);
-  const int pitch = stage_pitch(p.stage_blocks);
-  const std::uint64_t policy = q4k::device::evict_first_policy();
-  const stream::PairUnpack unpack = stream::pair_unpack(quad);
+  const int pitch = q4k::slot_pitch(p.slot_blocks);
+  const std::uint64_t policy = q4k::evict_first_policy();
+  const q4k::PairUnpack unpack = q4k::pair_unpack(quad);
   // Rows of this group that exist: i < live (rows my_g + G * i, i < RL).
   const std::int64_t left = p.n - row0 - my_g;
   const int live = left <= 0 ? 0 : left >= std::int64_t(G) * (RL - 1) + 1 ? RL : int((left + G - 1) / G);
@@ -364,34 +360,34 @@ __device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, const Gemv
   for (int kb0 = 0; kb0 < p.k_blocks; kb0 += p.chunk_blocks) {
     const int nbc = min(p.chunk_blocks, p.k_blocks - kb0);
     if (quantize) detail::load_chunk(p, kb0, nbc, s);
-    for (int ks0 = kb0; ks0 < kb0 + nbc; ks0 += p.stage_blocks) {
-      const int nb = min(p.stage_blocks, p.k_blocks - ks0);
-      const std::uint32_t slot = pipe.consumed % std::uint32_t(p.stages);
-      device::barrier_wait(&pipe.bars[slot], (pipe.consumed / std::uint32_t(p.stages)) & 1u);
-      const char* stage = pipe.ring + slot * pipe.stage_size + my_g * pitch;
+    for (int ks0 = kb0; ks0 < kb0 + nbc; ks0 += p.slot_blocks) {
+      const int nb = min(p.slot_blocks, p.k_blocks - ks0);
+      const std::uint32_t slot = pipe.consumed % std::uint32_t(p.slots);
+      device::barrier_wait(&pipe.bars[slot], (pipe.consumed / std::uint32_t(p.slots)) & 1u);
+      const char* slot_data = pipe.ring + slot * pipe.slot_size + my_g * pitch;
 #pragma unroll(RL == 1 ? 2 : 1)
       for (int jl = slice; jl < nb; jl += slices) {
         if (live == 0) break;
-        stream::QuadWeights w[NMAT][RL];
+        q4k::QuadWeights w[NMAT][RL];
 #pragma unroll
         for (int m = 0; m < NMAT; ++m)
 #pragma unroll
           for (int i = 0; i < RL; ++i)
-            if (i < live) w[m][i] = stream::decode_quad(stage + (m * W + G * i) * pitch + jl * q4k::kBlockBytes, quad, unpack);
+            if (i < live) w[m][i] = q4k::decode_quad(slot_data + (m * W + G * i) * pitch + jl * q4k::kBlockBytes, quad, unpack);
 #pragma unroll
         for (int t = 0; t < NTOK; ++t) {
           if (t >= p.batch) break;
-          const stream::QuadActivations a = stream::load_quad_activations(s.act_block(t, ks0 - kb0 + jl), quad);
+          const q4k::QuadActivations a = q4k::load_quad_activations(s.act_block(t, ks0 - kb0 + jl), quad);
 #pragma unroll
           for (int m = 0; m < NMAT; ++m)
 #pragma unroll
             for (int i = 0; i < RL; ++i)
-              if (i < live) acc[m][i][t] += stream::quad_dot(w[m][i], a);
+              if (i < live) acc[m][i][t] += q4k::quad_dot(w[m][i], a);
         }
       }
       __syncwarp();  // every lane is done with the buffer before it is refilled
       ++pipe.consumed;
-      detail::issue_stage<NMAT>(p, pipe, policy);
+      detail::fill_next_slot<NMAT>(p, pipe, policy);
     }
   }
   state.act_cached = single_chunk;
@@ -440,8 +436,8 @@ __device__ void gemv_tile_mma(const GemvTileParams& p, std::int64_t tile, const 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   // The dp4a core's padded pitch: an unpadded one (rows 8 banks apart for the mma lanes) measured
   // the same for one matrix and 4-9% slower for gate/up at 16 tokens (H200, bench/RESULTS.md).
-  const int pitch = stage_pitch(p.stage_blocks);
-  const std::uint64_t policy = q4k::device::evict_first_policy();
+  const int pitch = q4k::slot_pitch(p.slot_blocks);
+  const std::uint64_t policy = q4k::evict_first_policy();
   if (!state.act_cached) {
     detail::load_chunk(p, 0, p.k_blocks, s);
     detail::zero_missing_tokens(p, NTOK, s);
@@ -457,11 +453,11 @@ __device__ void gemv_tile_mma(const GemvTileParams& p, std::int64_t tile, const 
       for (int e = 0; e < 4; ++e) acc[m][nt][e] = 0.f;
 
   const int parts = 1 << p.mma_part_bits, k_end = mma_k_end(p, warp);
-  for (int ks0 = mma_k_begin(p, warp); ks0 < k_end; ks0 += p.stage_blocks) {
-    const int nb = min(p.stage_blocks, k_end - ks0);
-    const std::uint32_t slot = pipe.consumed % std::uint32_t(p.stages);
-    device::barrier_wait(&pipe.bars[slot], (pipe.consumed / std::uint32_t(p.stages)) & 1u);
-    const char* stage = pipe.ring + slot * pipe.stage_size;
+  for (int ks0 = mma_k_begin(p, warp); ks0 < k_end; ks0 += p.slot_blocks) {
+    const int nb = min(p.slot_blocks, k_end - ks0);
+    const std::uint32_t slot = pipe.consumed % std::uint32_t(p.slots);
+    device::barrier_wait(&pipe.bars[slot], (pipe.consumed / std::uint32_t(p.slots)) & 1u);
+    const char* slot_data = pipe.ring + slot * pipe.slot_size;
     for (int jb = 0; jb < nb; ++jb) {
       const int kb = ks0 + jb;
 #pragma unroll
@@ -469,38 +465,38 @@ __device__ void gemv_tile_mma(const GemvTileParams& p, std::int64_t tile, const 
         // This lane's rows (g, g + 8) of matrix m; it decodes their scale/min pair t, and the
         // lanes of its group share theirs by shuffles.
         const char* rows[2];
-        q4k::device::SubBlockPair own[2];
+        q4k::SubBlockPair own[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          rows[r] = stage + (m * kRows + g + 8 * r) * pitch + jb * q4k::kBlockBytes;
-          own[r] = q4k::device::decode_pair(*reinterpret_cast<const uint4*>(rows[r]), t);
+          rows[r] = slot_data + (m * kRows + g + 8 * r) * pitch + jb * q4k::kBlockBytes;
+          own[r] = q4k::decode_pair(*reinterpret_cast<const uint4*>(rows[r]), t);
         }
 #pragma unroll 1
         for (int pr = 0; pr < 4; ++pr) {
           const uint2 w0 = *reinterpret_cast<const uint2*>(rows[0] + 16 + 32 * pr + 8 * t);
           const uint2 w1 = *reinterpret_cast<const uint2*>(rows[1] + 16 + 32 * pr + 8 * t);
-          const mma::PairFragments frag = mma::pair_fragments(w0, w1);
-          const q4k::device::SubBlockPair sp[2] = {mma::shuffle_pair(own[0], 4 * g + pr),
-                                                   mma::shuffle_pair(own[1], 4 * g + pr)};
+          const q4k::PairFragments frag = q4k::pair_fragments(w0, w1);
+          const q4k::SubBlockPair sp[2] = {q4k::shuffle_pair(own[0], 4 * g + pr),
+                                                   q4k::shuffle_pair(own[1], 4 * g + pr)};
 #pragma unroll
           for (int nt = 0; nt < kTokenTiles; ++nt) {
             const char* act = s.act_block(nt * 8 + g, kb);
             const uint2 b_lo = *reinterpret_cast<const uint2*>(act + 32 * pr + 8 * t);
             const uint2 b_hi = *reinterpret_cast<const uint2*>(act + 128 + 32 * pr + 8 * t);
-            const stream::PairActScales as[2] = {stream::pair_act_scales(s.act_block(nt * 8 + 2 * t, kb), pr),
-                                                 stream::pair_act_scales(s.act_block(nt * 8 + 2 * t + 1, kb), pr)};
+            const q4k::PairActScales as[2] = {q4k::pair_act_scales(s.act_block(nt * 8 + 2 * t, kb), pr),
+                                                 q4k::pair_act_scales(s.act_block(nt * 8 + 2 * t + 1, kb), pr)};
             int c_lo[4], c_hi[4];
-            mma::mma_s8_16832(c_lo, frag.lo, b_lo.x, b_lo.y);
-            mma::mma_s8_16832(c_hi, frag.hi, b_hi.x, b_hi.y);
+            q4k::mma_s8_16832(c_lo, frag.lo, b_lo.x, b_lo.y);
+            q4k::mma_s8_16832(c_hi, frag.hi, b_hi.x, b_hi.y);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[m][nt][e] += stream::pair_term(sp[e / 2], as[e % 2], c_lo[e], c_hi[e]);
+            for (int e = 0; e < 4; ++e) acc[m][nt][e] += q4k::pair_term(sp[e / 2], as[e % 2], c_lo[e], c_hi[e]);
           }
         }
       }
     }
     __syncwarp();  // every lane is done with the buffer before it is refilled
     ++pipe.consumed;
-    detail::issue_stage<NMAT, true>(p, pipe, policy);
+    detail::fill_next_slot<NMAT, true>(p, pipe, policy);
   }
 
   // The parts' partial sums, added in part order: [warp][sum][lane]. (A warp-local epilogue for one
@@ -552,7 +548,7 @@ __device__ void gemv_body(const GemvTileParams& p, const Range& r, char* smem, W
   }
   if constexpr (Wait::kSharedMemoryReused) {
     __syncwarp();
-    if (threadIdx.x % 32 == 0) device::barrier_inval(state.pipe.bars, p.stages);
+    if (threadIdx.x % 32 == 0) device::barrier_inval(state.pipe.bars, p.slots);
   }
 }
 

@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "common/cuda_check.h"
-#include "common/launch.cuh"
+#include "common/block.h"
+#include "common/pdl.cuh"
+#include "common/launch.h"
 #include "kda/kda_tile.cuh"
 
 namespace encore::ops {
@@ -19,7 +21,7 @@ template <int HeadDim>
 __global__ void __launch_bounds__(kBlockThreads, 2) kda_kernel(const __grid_constant__ KdaParams p) {
   extern __shared__ __align__(16) char smem[];
   device::PdlWait wait;  // dependents still wait for our completion before reading
-  device::kda_body<HeadDim>(p, device::BlockTile{}, smem, wait);
+  kda::kda_body<HeadDim>(p, device::BlockTile{}, smem, wait);
 }
 
 // ORs KdaError bits for the batch's slot ids into *flag (sticky). One block; O(batch^2 / 256).
@@ -110,7 +112,7 @@ int kda_num_tiles(const KdaParams& p) { return p.batch * p.num_heads; }
 
 std::size_t kda_smem_bytes(const KdaParams& p) {
   std::size_t bytes = 0;
-  device::kda::Smem::carve(nullptr, p.head_dim, p.gate_rank, &bytes);
+  kda::Smem::carve(nullptr, p.head_dim, p.gate_rank, &bytes);
   return bytes;
 }
 

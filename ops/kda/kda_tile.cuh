@@ -35,10 +35,10 @@
 
 #include "common/async_copy.cuh"
 #include "common/body.cuh"
-#include "common/launch.cuh"
+#include "common/block.h"
+#include "common/smem_allocator.cuh"
 
-namespace encore::device {
-namespace kda {
+namespace encore::kda {
 
 template <int HeadDim>
 struct Traits {
@@ -56,7 +56,7 @@ struct Smem {
   float* gate;   // [V]     sigmoid(g_b g_a)
   float* o;      // [V]     recurrence output
   __host__ __device__ static Smem carve(char* base, int head_dim, int gate_rank, std::size_t* bytes = nullptr) {
-    SmemAllocator alloc(base);
+    device::SmemAllocator alloc(base);
     Smem s;
     s.gate_weights = alloc.take<__nv_bfloat16>(2 * head_dim * gate_rank);
     s.qkv = alloc.take<float>(3 * head_dim);
@@ -117,7 +117,7 @@ __device__ __forceinline__ int swizzle(int row, int chunk) { return chunk ^ (row
 
 // Step 0a: starts the copy of the tile's gate weights (W_fb and W_gb rows of its head) into shared
 // memory. Weights never depend on upstream kernels, so this may run before griddepcontrol.wait.
-// Every thread must later pass cp_async_wait_all() + __syncthreads() before reading them.
+// Every thread must later pass device::cp_async_wait_all() + __syncthreads() before reading them.
 template <int HeadDim>
 __device__ __forceinline__ void tile_issue_weight_copy(const ops::KdaParams& p, int tile_index, char* smem_base) {
   constexpr int D = HeadDim;
@@ -131,8 +131,8 @@ __device__ __forceinline__ void tile_issue_weight_copy(const ops::KdaParams& p, 
   for (int c = threadIdx.x; c < chunks; c += kBlockThreads) {
     const int row = c / row_chunks, chunk = c - row * row_chunks;
     const int slot = row * row_chunks + swizzle(row, chunk);
-    cp_async_16(dst + slot, fb + c);
-    cp_async_16(dst + D * row_chunks + slot, gb + c);  // row + D has the same swizzle (D % 8 == 0)
+    device::cp_async_16(dst + slot, fb + c);
+    device::cp_async_16(dst + D * row_chunks + slot, gb + c);  // row + D has the same swizzle (D % 8 == 0)
   }
 }
 
@@ -302,7 +302,7 @@ __device__ __forceinline__ bool tile(const ops::KdaParams& p, int tile_index, ch
   const int slot = in.slot;
   const bool flagged = p.error_flag != nullptr && __ldcg(p.error_flag) != 0;
   if (flagged || slot >= p.num_slots || slot < 0) {
-    cp_async_wait_all();  // no copy may land after this tile returns
+    device::cp_async_wait_all();  // no copy may land after this tile returns
     // Pad row: y = 0. Failed slot check or out-of-range id: no state write, y = NaN.
     const float fill = (slot < 0 && !flagged) ? 0.f : __int_as_float(0x7fffffff);
     for (int j = tid; j < D; j += kBlockThreads) y_head[j] = fill;
@@ -334,7 +334,7 @@ __device__ __forceinline__ bool tile(const ops::KdaParams& p, int tile_index, ch
     if (t < 2 * p.gate_rank) sm.fa_ga[t] = fa_ga[i];
   }
   const float beta = sigmoid(beta_logit);
-  cp_async_wait_all();
+  device::cp_async_wait_all();
   __syncthreads();
 
   // 2a. norms (each warp computes them for itself).
@@ -418,7 +418,6 @@ __device__ __forceinline__ bool tile(const ops::KdaParams& p, int tile_index, ch
   return next_tile >= 0;
 }
 
-}  // namespace kda
 
 // The KDA body (common/body.cuh), one (sequence, head) per tile: the first tile's gate weights
 // and, when settled, its slot state are in flight before the wait; a block with several tiles
@@ -448,4 +447,4 @@ __device__ void kda_body(const ops::KdaParams& p, const Range& r, char* smem, Wa
   }
 }
 
-}  // namespace encore::device
+}  // namespace encore::kda

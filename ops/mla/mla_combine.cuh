@@ -20,9 +20,9 @@
 
 #include <encore/ops/mla.h>
 
-#include "common/launch.cuh"
+#include "common/block.h"
 
-namespace encore::ops::mla {
+namespace encore::mla {
 
 inline constexpr int kFloat4PerRow = kMlaLatentDim / 4;  // 128 float4 per (request, head) row
 inline constexpr int kCombineItemsPerThread = 4;           // float4 items per thread and pass
@@ -142,4 +142,4 @@ __device__ inline void combine_items(const MlaAttentionParams& p, int req, int s
   }
 }
 
-}  // namespace encore::ops::mla
+}  // namespace encore::mla

@@ -9,9 +9,10 @@
 #include <encore/ops/mla.h>
 
 #include "common/async_copy.cuh"
-#include "common/launch.cuh"
 
-namespace encore::ops::mla::device {
+namespace encore::mla {
+
+using namespace ops;  // the op's public types and constants (encore/ops/mla.h)
 
 using encore::device::cp_async_16;  // (shared with the other ops: common/async_copy.cuh)
 using encore::device::cp_async_commit;
@@ -62,4 +63,4 @@ __device__ __forceinline__ float2 rope_pair(const MlaRope& rope, int pos, int pa
 // Nonzero when the scheduler flagged this step's device-side input (then nothing is written).
 __device__ __forceinline__ bool step_flagged(const std::int32_t* error_flag) { return *error_flag != 0; }
 
-}  // namespace encore::ops::mla::device
+}  // namespace encore::mla

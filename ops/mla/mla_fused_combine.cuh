@@ -9,22 +9,22 @@
 
 #include <encore/ops/mla.h>
 
-#include "common/launch.cuh"
+#include "common/block.h"
 #include "mla/mla_combine.cuh"
 #include "mla/mla_device.cuh"
 #include "mla/mla_splitkv_layout.cuh"
 
-namespace encore::ops::mla::detail_splitkv {
+namespace encore::mla {
 
-// Fused combine staging in the free page stages: combine_items' reduction space, the slice's
+// Fused combine staging in the free page slots: combine_items' reduction space, the slice's
 // weights, then its partials. A slice holds at most items / splits + 1 float4 items of each split
 // and spans at most items / splits / 128 + 2 head rows, so items + splits float4 and 8 splits + 128
-// bytes of weights bound it (checked against the stages by fused_combine_fits).
+// bytes of weights bound it (checked against the slots by fused_combine_fits).
 __host__ __device__ inline int fused_combine_weight_bytes(int slice_heads, int splits) { return (slice_heads * splits * 4 + 15) / 16 * 16; }
 __host__ __device__ inline bool fused_combine_fits(int max_splits) {
   const int items = SplitKvConfig::kRows * kFloat4PerRow;
   return kCombineRedBytes + (items + max_splits) * 16 + 8 * max_splits + 128 + 16 <=
-         std::size_t(SplitKvConfig::kStages) * SplitKvConfig::kPageBytes;
+         std::size_t(SplitKvConfig::kRingSlots) * SplitKvConfig::kPageBytes;
 }
 
 __device__ __forceinline__ std::int32_t* fused_counter(const MlaAttentionParams& p, int req, int group) {
@@ -35,7 +35,7 @@ __device__ __forceinline__ std::int32_t* fused_counter(const MlaAttentionParams&
 // threads, before the barrier); the release increment orders it before the count.
 __device__ __forceinline__ void fused_arrive(std::int32_t* counter) {
   __syncthreads();
-  if (threadIdx.x == 0) device::add_release_gpu(counter, 1);
+  if (threadIdx.x == 0) add_release_gpu(counter, 1);
 }
 
 // Slice `split_idx` of `splits` of a head group's float4 items: what that part merges.
@@ -51,14 +51,14 @@ __device__ inline ItemRange fused_combine_slice(const MlaAttentionParams& p, int
 // Fused combine of one split request: wait until all `splits` parts have arrived, merge slice
 // `split_idx` of the group's float4 items (disjoint slices, mla_combine's order), then leave; the
 // last part to leave (count 2 splits) resets the counter to zero for the next call. The slice's
-// partials are copied into `smem` (the free page stages) in one round, their weights computed
+// partials are copied into `smem` (the free page slots) in one round, their weights computed
 // meanwhile: the merge costs a few L2 / DRAM round trips, not one per pass of items. A flagged step
 // merges nothing but still keeps the counter protocol.
 __device__ inline void fused_combine(const MlaAttentionParams& p, int req, int group, int split_idx, bool write,
                                      std::int32_t* counter, char* smem) {
   const int first = p.num_splits[req];
   const int splits = p.num_splits[req + 1] - first;
-  if (threadIdx.x == 0) device::wait_count_acquire(counter, splits);
+  if (threadIdx.x == 0) wait_count_acquire(counter, splits);
   __syncthreads();  // (with thread 0's acquire: the other parts' partials are visible to all)
   const auto [begin, end] = fused_combine_slice(p, group, split_idx, splits);
   if (write && begin < end) {  // uniform over the block
@@ -98,7 +98,7 @@ __device__ __forceinline__ bool fused_pair(const MlaAttentionParams& p, int req)
 // Where combine_items reads a pair's splits: split 0 from this part's unnormalised O rows in
 // shared memory, scaled by 1 / l exactly as its partial would have been stored, split 1 staged.
 struct PairPartials {
-  const float* o_stage;   // [rows][kOutStride]
+  const float* o_rows;   // [rows][kOutStride]
   const float* row_sum;   // [rows]
   const float4* partner;  // [rows][128]
   int item0;              // item of row 0
@@ -108,23 +108,23 @@ struct PairPartials {
     const int row = it / kFloat4PerRow;
     const float l = row_sum[row];
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    const float4 v = *reinterpret_cast<const float4*>(o_stage + row * Cfg::kOutStride + (it % kFloat4PerRow) * 4);
+    const float4 v = *reinterpret_cast<const float4*>(o_rows + row * Cfg::kOutStride + (it % kFloat4PerRow) * 4);
     return make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
   }
 };
 
 static_assert(Cfg::kWarpgroups * Cfg::kRows * Cfg::kPartialStride * 4 >= kCombineRedBytes, "the pair merge reduces in the score partials");
-static_assert(Cfg::kRows * (Cfg::kOutStride + kMlaLatentDim) * 4 <= Cfg::kStages * Cfg::kPageBytes, "O and the partner's partial fit the stages");
+static_assert(Cfg::kRows * (Cfg::kOutStride + kMlaLatentDim) * 4 <= Cfg::kRingSlots * Cfg::kPageBytes, "O and the partner's partial fit the slots");
 
-// Pair merge (all threads), split 0's epilogue: o_stage holds this part's unnormalised O rows
-// ([32][kOutStride], fp32), sm.row_sum / row_max their statistics. Waits for split 1, stages its
-// partial after o_stage, and merges with combine_items: the same bits as storing split 0 and
+// Pair merge (all threads), split 0's epilogue: o_rows holds this part's unnormalised O rows
+// ([32][kOutStride], fp32), sm.row_sum / row_max their statistics. Waits for split 1, copies its
+// partial after o_rows, and merges with combine_items: the same bits as storing split 0 and
 // merging both. Resets the counter.
-__device__ inline void fused_pair_merge(const MlaAttentionParams& p, int req, int group, const SplitKvSmem& sm, const float* o_stage) {
+__device__ inline void fused_pair_merge(const MlaAttentionParams& p, int req, int group, const SplitKvSmem& sm, const float* o_rows) {
   std::int32_t* counter = fused_counter(p, req, group);
   const int partner = p.num_splits[req] + 1;
   const int head0 = group * Cfg::kRows, heads = min(Cfg::kRows, p.num_heads - head0);
-  if (threadIdx.x == 0) device::wait_count_acquire(counter, 1);
+  if (threadIdx.x == 0) wait_count_acquire(counter, 1);
   __syncthreads();  // (with thread 0's acquire: the partner's partial is visible to all)
   float4* staged = reinterpret_cast<float4*>(sm.page + Cfg::kRows * Cfg::kOutStride * 4);  // [heads][128]
   const float4* src = reinterpret_cast<const float4*>(p.partial_o + (std::int64_t(partner) * p.num_heads + head0) * kMlaLatentDim);
@@ -146,16 +146,16 @@ __device__ inline void fused_pair_merge(const MlaAttentionParams& p, int req, in
   __syncthreads();  // weights and the partner's partial are in place
   const int item0 = head0 * kFloat4PerRow;
   combine_items(p, req, 2, item0, item0 + heads * kFloat4PerRow, weight, head0, reinterpret_cast<float4*>(sm.partial),
-                PairPartials{o_stage, sm.row_sum, staged, item0});  // ends with a barrier
+                PairPartials{o_rows, sm.row_sum, staged, item0});  // ends with a barrier
   if (threadIdx.x == 0) atomicExch(counter, 0);  // the partner arrived once and is gone
 }
 
 // Pair owner without math (flagged step): keeps the protocol, writes nothing.
 __device__ __forceinline__ void fused_pair_skip(std::int32_t* counter) {
   if (threadIdx.x == 0) {
-    device::wait_count_acquire(counter, 1);
+    wait_count_acquire(counter, 1);
     atomicExch(counter, 0);
   }
 }
 
-}  // namespace encore::ops::mla::detail_splitkv
+}  // namespace encore::mla

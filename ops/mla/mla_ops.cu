@@ -5,14 +5,16 @@
 #include <encore/ops/mla.h>
 
 #include "common/cuda_check.h"
-#include "common/launch.cuh"
+#include "common/block.h"
+#include "common/pdl.cuh"
+#include "common/launch.h"
 #include "mla/mla_splitkv_tile.cuh"
 #include "mla/mla_tiles.cuh"
 
 namespace encore::ops {
 namespace {
 
-using namespace encore::ops::mla;
+using namespace encore::mla;
 
 __global__ void __launch_bounds__(kBlockThreads) mla_sched_kernel(const __grid_constant__ MlaSchedParams p) {
   extern __shared__ __align__(16) char smem[];
@@ -60,13 +62,13 @@ int mla_num_parts(int num_heads) {
 Status mla_sched(const MlaSchedParams& p, cudaStream_t stream) {
   ENCORE_RETURN_IF_ERROR(mla_validate(p));
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
-  return detail::launch(mla_sched_kernel, 1, mla_sched_smem_bytes(p.num_seqs), stream, true, "mla_sched_kernel", p);
+  return detail::launch(mla_sched_kernel, 1, mla_sched_smem_bytes(p.batch), stream, true, "mla_sched_kernel", p);
 }
 
 Status mla_kv_append(const MlaKvAppendParams& p, cudaStream_t stream) {
   ENCORE_RETURN_IF_ERROR(mla_validate(p));
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
-  return detail::launch(mla_kv_append_kernel, grid_for(p.num_seqs, 8), mla_kv_append_smem_bytes(), stream, true, "mla_kv_append_kernel", p);
+  return detail::launch(mla_kv_append_kernel, grid_for(p.batch, 8), mla_kv_append_smem_bytes(), stream, true, "mla_kv_append_kernel", p);
 }
 
 int mla_q_absorb_num_tiles(const MlaQAbsorbParams& p) { return p.num_heads * QAbsorbConfig::kGroups; }
@@ -78,7 +80,7 @@ Status mla_q_absorb(const MlaQAbsorbParams& p, cudaStream_t stream) {
                         "mla_q_absorb_kernel", p);
 }
 
-int mla_combine_num_tiles(const MlaAttentionParams& p) { return p.num_seqs * p.num_heads * CombineConfig::slices(p.num_seqs); }
+int mla_combine_num_tiles(const MlaAttentionParams& p) { return p.batch * p.num_heads * CombineConfig::slices(p.batch); }
 
 Status mla_combine(const MlaAttentionParams& p, cudaStream_t stream) {
   ENCORE_RETURN_IF_ERROR(mla_validate(p));

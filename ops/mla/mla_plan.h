@@ -11,7 +11,7 @@
 // closed form from the prefix sums, so the scheduler is one block-wide scan plus independent
 // per-part binary searches. A part whose units are all overhead has no work (begin_req = -1);
 // such parts may sit between parts with work. All tape arithmetic is 32-bit (the launcher checks
-// num_seqs * (max_pages_per_seq + C) < 2^31): 64-bit division is a slow software routine.
+// batch * (max_pages_per_seq + C) < 2^31): 64-bit division is a slow software routine.
 #pragma once
 
 #include <cstdint>
@@ -24,18 +24,9 @@
 #define ENCORE_MLA_HD
 #endif
 
-namespace encore::ops::mla {
+namespace encore::mla {
 
-// Fields of one part's 8 int32 (docs/mla.md §7).
-enum MetaField : int {
-  kMetaBeginReq = 0,      // -1: the part has no work
-  kMetaEndReq = 1,        // inclusive
-  kMetaBeginPage = 2,     // first page of begin_req (inclusive)
-  kMetaEndPage = 3,       // end page of end_req (exclusive)
-  kMetaBeginSplit = 4,    // split index of begin_req that this part computes
-  kMetaFirstIsSplit = 5,  // begin_req has more than one split
-  kMetaLastIsSplit = 6,   // end_req has more than one split
-};
+using namespace ops;  // the op's public types and constants (encore/ops/mla.h)
 
 // Pages the scheduler charges a request: at least one, so zero-length (pad) requests still get a
 // part that writes their zero output. Lengths are clamped to the capacity (bad lengths are
@@ -58,10 +49,10 @@ ENCORE_MLA_HD inline int plan_request_splits(int start, int pages, int fixed_ove
   return int(last / unit - first / unit) + 1;
 }
 
-// Largest b in [0, num_seqs) with start(b) <= pos (start(0) = 0 <= pos).
+// Largest b in [0, batch) with start(b) <= pos (start(0) = 0 <= pos).
 template <class StartOf>
-ENCORE_MLA_HD int plan_find(int pos, int num_seqs, StartOf start) {
-  int lo = 0, hi = num_seqs;
+ENCORE_MLA_HD int plan_find(int pos, int batch, StartOf start) {
+  int lo = 0, hi = batch;
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
     if (start(mid) <= pos) lo = mid;
@@ -70,21 +61,20 @@ ENCORE_MLA_HD int plan_find(int pos, int num_seqs, StartOf start) {
   return lo;
 }
 
-// Meta (8 int32) of part `part`. start(b) for b in [0, num_seqs] (start(num_seqs) = total).
+// The plan of part `part`. start(b) for b in [0, batch] (start(batch) = total).
 template <class StartOf>
-ENCORE_MLA_HD void plan_part(int part, int num_seqs, int fixed_overhead, int unit, StartOf start, std::int32_t* m) {
+ENCORE_MLA_HD void plan_part(int part, int batch, int fixed_overhead, int unit, StartOf start, MlaPartPlan& m) {
   const int C = fixed_overhead;
-  const int total = start(num_seqs);
+  const int total = start(batch);
   const int a = part * unit;
   const int e = a + unit < total ? a + unit : total;
-  for (int f = 0; f < kMlaMetaInts; ++f) m[f] = 0;
-  m[kMetaBeginReq] = -1;
+  m = MlaPartPlan{};
   if (a >= total) return;
-  const int b = plan_find(a, num_seqs, start);
+  const int b = plan_find(a, batch, start);
   const int first_pos = a > start(b) + C ? a : start(b) + C;  // first page position >= a
   if (first_pos >= e) return;  // only overhead units: no work
   // Request of the last page position < e: e - 1 itself, or the request before its overhead.
-  int end_req = plan_find(e - 1, num_seqs, start);
+  int end_req = plan_find(e - 1, batch, start);
   int end_page = e - start(end_req) - C;
   if (end_page <= 0) {
     --end_req;
@@ -92,13 +82,13 @@ ENCORE_MLA_HD void plan_part(int part, int num_seqs, int fixed_overhead, int uni
   }
   const int begin_page = int(first_pos - start(b) - C);
   auto splits_of = [&](int r) { return plan_request_splits(start(r), int(start(r + 1) - start(r) - C), C, unit); };
-  m[kMetaBeginReq] = b;
-  m[kMetaEndReq] = end_req;
-  m[kMetaBeginPage] = begin_page;
-  m[kMetaEndPage] = int(end_page);
-  m[kMetaBeginSplit] = begin_page > 0 ? int(part - (start(b) + C) / unit) : 0;
-  m[kMetaFirstIsSplit] = splits_of(b) > 1;
-  m[kMetaLastIsSplit] = splits_of(end_req) > 1;
+  m.begin_req = b;
+  m.end_req = end_req;
+  m.begin_page = begin_page;
+  m.end_page = int(end_page);
+  m.begin_split = begin_page > 0 ? int(part - (start(b) + C) / unit) : 0;
+  m.first_is_split = splits_of(b) > 1;
+  m.last_is_split = splits_of(end_req) > 1;
 }
 
-}  // namespace encore::ops::mla
+}  // namespace encore::mla

@@ -17,7 +17,7 @@ using namespace encore::ops;
 MlaSchedule mla_sched(const std::vector<std::int32_t>& seq_lens, int num_parts, int fixed_overhead) {
   const int n = int(seq_lens.size());
   MlaSchedule s;
-  s.meta.assign(std::size_t(num_parts) * kMlaMetaInts, 0);
+  s.parts.assign(std::size_t(num_parts), MlaPartPlan{});
   s.num_splits.assign(std::size_t(n) + 1, 0);
   const int no_cap = std::numeric_limits<int>::max() / 2;
   std::vector<int> pages(n);
@@ -47,16 +47,16 @@ MlaSchedule mla_sched(const std::vector<std::int32_t>& seq_lens, int num_parts, 
   }
   for (int b = 0; b < n; ++b) s.num_splits[b + 1] = s.num_splits[b] + splits[b];
   for (int k = 0; k < num_parts; ++k) {
-    std::int32_t* m = &s.meta[std::size_t(k) * kMlaMetaInts];
+    MlaPartPlan& m = s.parts[std::size_t(k)];
     const Range& r = parts[k];
-    m[mla::kMetaBeginReq] = r.begin_req;
+    m.begin_req = r.begin_req;
     if (r.begin_req < 0) continue;
-    m[mla::kMetaEndReq] = r.end_req;
-    m[mla::kMetaBeginPage] = r.begin_page;
-    m[mla::kMetaEndPage] = r.end_page;
-    m[mla::kMetaBeginSplit] = r.begin_split;
-    m[mla::kMetaFirstIsSplit] = splits[r.begin_req] > 1;
-    m[mla::kMetaLastIsSplit] = splits[r.end_req] > 1;
+    m.end_req = r.end_req;
+    m.begin_page = r.begin_page;
+    m.end_page = r.end_page;
+    m.begin_split = r.begin_split;
+    m.first_is_split = splits[r.begin_req] > 1;
+    m.last_is_split = splits[r.end_req] > 1;
   }
   return s;
 }

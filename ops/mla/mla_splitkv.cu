@@ -3,21 +3,25 @@
 #include <encore/ops/mla.h>
 
 #include "common/cuda_check.h"
-#include "common/launch.cuh"
+#include "common/launch.h"
 #include "common/tensor_map.h"
 #include "mla/mla_splitkv_kernel.cuh"
 
-namespace encore::ops {
+namespace encore::mla {
 
-Status mla::encode_pages_map(const MlaPagedCache& cache, CUtensorMap* map) {
+Status encode_pages_map(const MlaPagedCache& cache, CUtensorMap* map) {
   return detail::encode_tensor_map_2d_b16(map, cache.pages, kMlaRowDim, std::uint64_t(cache.num_pages) * kMlaPageTokens,
                                           kMlaRowDim * 2, SplitKvConfig::kBlockCols, kMlaPageTokens, "mla cache.pages");
 }
 
-Status mla::splitkv_args(const MlaAttentionParams& p, SplitKvArgs* args) {
+Status splitkv_args(const MlaAttentionParams& p, SplitKvArgs* args) {
   args->p = p;
   return encode_pages_map(p.cache, &args->pages);
 }
+
+}  // namespace encore::mla
+
+namespace encore::ops {
 
 int mla_splitkv_num_tiles(const MlaAttentionParams& p) { return p.num_parts * mla::head_groups(p.num_heads); }
 
@@ -45,10 +49,10 @@ Status mla_splitkv(const MlaAttentionParams& p, cudaStream_t stream) {
 
 // Fused only while every tile has its own SM: a tile waits for the other parts of its requests,
 // which therefore must all be resident (more than half of an SM's shared memory per block means
-// one block per SM), and a request's slice of partials (splits <= parts) fits the free stages.
+// one block per SM), and a request's slice of partials (splits <= parts) fits the free slots.
 bool mla_attention_fused(const MlaAttentionParams& p) {
   return p.counters != nullptr && mla_splitkv_num_tiles(p) <= detail::sm_count() &&
-         mla::detail_splitkv::fused_combine_fits(p.num_parts);
+         mla::fused_combine_fits(p.num_parts);
 }
 
 Status mla_attention(const MlaAttentionParams& p, cudaStream_t stream) {

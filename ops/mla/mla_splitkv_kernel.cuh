@@ -7,10 +7,11 @@
 
 #include <encore/ops/mla.h>
 
-#include "common/launch.cuh"
+#include "common/block.h"
+#include "common/pdl.cuh"
 #include "mla/mla_splitkv_tile.cuh"
 
-namespace encore::ops::mla {
+namespace encore::mla {
 
 template <SplitKvVariant kVariant = SplitKvVariant::kOp, bool kFusedCombine = false>
 __global__ void __launch_bounds__(kBlockThreads, 1) mla_splitkv_kernel(const __grid_constant__ SplitKvArgs args) {
@@ -23,4 +24,4 @@ __global__ void __launch_bounds__(kBlockThreads, 1) mla_splitkv_kernel(const __g
   mla_splitkv_body<kVariant, kFusedCombine>(p, &args.pages, encore::device::GridRange{}, smem, wait);
 }
 
-}  // namespace encore::ops::mla
+}  // namespace encore::mla

@@ -1,7 +1,7 @@
 // Split-KV attention (docs/mla.md §8): the tile's configuration, kernel parameters and shared-memory
 // plan, the query copy (16-byte cp.async into the 128-byte swizzled layout of common/wgmma.cuh)
 // and which pages of a request a part computes. The pages themselves move through
-// mla_page_stages.cuh. Used by the split-KV body (mla_splitkv_tile.cuh) and the fused combine
+// mla_page_ring.cuh. Used by the split-KV body (mla_splitkv_tile.cuh) and the fused combine
 // (mla_fused_combine.cuh).
 #pragma once
 
@@ -11,16 +11,17 @@
 
 #include <encore/ops/mla.h>
 
-#include "common/launch.cuh"
+#include "common/block.h"
+#include "common/smem_allocator.cuh"
 #include "common/wgmma.cuh"
 #include "mla/mla_device.cuh"
 #include "mla/mla_plan.h"
 
-namespace encore::ops::mla {
+namespace encore::mla {
 
 struct SplitKvConfig {
   static constexpr int kRows = 32;  // query heads per tile (the wgmma N)
-  static constexpr int kStages = 2;
+  static constexpr int kRingSlots = 2;
   static constexpr int kWarpgroups = kWarpsPerBlock / 4;
   static constexpr int kBlockCols = 64;                                  // values per 128-byte swizzle row
   static constexpr int kColBlocks = kMlaRowDim / kBlockCols;             // 9
@@ -49,18 +50,18 @@ Status encode_pages_map(const MlaPagedCache& cache, CUtensorMap* map);
 
 // How the tile moves pages and which phases it runs. kOp is the op; the others exist for the
 // benchmark's account of the time (loads without the math; the math without loads after the
-// first stages, on stale data).
+// first slots, on stale data).
 enum class SplitKvVariant { kOp, kLoadsOnly, kComputeOnly };
 
 struct SplitKvSmem {
-  char* page;             // [kStages][kColBlocks][64 tokens x 128 B], swizzled
+  char* page;             // [kRingSlots][kColBlocks][64 tokens x 128 B], swizzled
   char* q;                // [kColBlocks][32 heads x 128 B], swizzled
   char* probs;            // [32 heads x 128 B]: P as bf16, swizzled
   float* partial;         // [kWarpgroups][32][kPartialStride]: scores of each k half
   float* row_max;         // [32] running max, log2 domain
   float* row_sum;         // [32] running sum of p (fp32)
   float* row_alpha;       // [32] rescale factor of the current page
-  std::uint64_t* page_full;  // [kStages] mbarriers: one phase per page copied into the stage
+  std::uint64_t* page_full;  // [kRingSlots] mbarriers: one phase per page copied into the slot
 
   // The swizzled tiles need 1024-byte aligned addresses: the device aligns the base at run time,
   // the host (sizing only) counts the worst-case pad.
@@ -72,14 +73,14 @@ struct SplitKvSmem {
     const std::size_t pad = encore::device::kSwizzleAtomBytes;
 #endif
     encore::device::SmemAllocator a(base + pad);
-    page = a.take<char>(std::size_t(SplitKvConfig::kStages) * SplitKvConfig::kPageBytes, encore::device::kSwizzleAtomBytes);
+    page = a.take<char>(std::size_t(SplitKvConfig::kRingSlots) * SplitKvConfig::kPageBytes, encore::device::kSwizzleAtomBytes);
     q = a.take<char>(std::size_t(SplitKvConfig::kColBlocks) * SplitKvConfig::kQColBlockBytes, encore::device::kSwizzleAtomBytes);
     probs = a.take<char>(SplitKvConfig::kRows * 128, encore::device::kSwizzleAtomBytes);
     partial = a.take<float>(SplitKvConfig::kWarpgroups * SplitKvConfig::kRows * SplitKvConfig::kPartialStride);
     row_max = a.take<float>(SplitKvConfig::kRows);
     row_sum = a.take<float>(SplitKvConfig::kRows);
     row_alpha = a.take<float>(SplitKvConfig::kRows);
-    page_full = a.take<std::uint64_t>(SplitKvConfig::kStages, 8);
+    page_full = a.take<std::uint64_t>(SplitKvConfig::kRingSlots, 8);
     bytes = pad + a.used();
   }
   std::size_t bytes;
@@ -89,7 +90,6 @@ inline std::size_t mla_splitkv_smem_bytes() { return SplitKvSmem(nullptr).bytes;
 
 __host__ __device__ inline int head_groups(int num_heads) { return (num_heads + SplitKvConfig::kRows - 1) / SplitKvConfig::kRows; }
 
-namespace detail_splitkv {
 
 using Cfg = SplitKvConfig;
 
@@ -118,25 +118,24 @@ __device__ __forceinline__ std::int32_t page_id_of(const MlaAttentionParams& p, 
 // with the length (one round trip; clamped into the table row, used only for pages that exist).
 struct RequestPages {
   int len, page_begin, token_end, num_pages;
-  std::int32_t first_ids[Cfg::kStages];
+  std::int32_t first_ids[Cfg::kRingSlots];
   __device__ int valid_tokens(int j) const { return min(token_end - (page_begin + j) * kMlaPageTokens, kMlaPageTokens); }
   // Page j holds the request's newest row: the one mla_kv_append writes in this step (the
   // scheduler flags any position but len - 1).
   __device__ bool newest(int j) const { return page_begin + j == (len - 1) / kMlaPageTokens; }
 };
-__device__ inline RequestPages request_pages(const MlaAttentionParams& p, const std::int32_t* meta, int req) {
+__device__ inline RequestPages request_pages(const MlaAttentionParams& p, const MlaPartPlan& plan, int req) {
   RequestPages r;
-  r.page_begin = req == meta[kMetaBeginReq] ? meta[kMetaBeginPage] : 0;
+  r.page_begin = req == plan.begin_req ? plan.begin_page : 0;
 #pragma unroll
-  for (int s = 0; s < Cfg::kStages; ++s) r.first_ids[s] = page_id_of(p, req, min(r.page_begin + s, p.cache.max_pages_per_seq - 1));
+  for (int s = 0; s < Cfg::kRingSlots; ++s) r.first_ids[s] = page_id_of(p, req, min(r.page_begin + s, p.cache.max_pages_per_seq - 1));
   r.len = p.seq_lens[req];
-  const int page_end_plan = req == meta[kMetaEndReq] ? meta[kMetaEndPage] : plan_pages(r.len, 1 << 30);
+  const int page_end_plan = req == plan.end_req ? plan.end_page : plan_pages(r.len, 1 << 30);
   // Pages that hold at least one token (a zero-length request has none).
   r.token_end = min(r.len, page_end_plan * kMlaPageTokens);
   r.num_pages = max((r.token_end + kMlaPageTokens - 1) / kMlaPageTokens - r.page_begin, 0);
   return r;
 }
 
-}  // namespace detail_splitkv
 
-}  // namespace encore::ops::mla
+}  // namespace encore::mla

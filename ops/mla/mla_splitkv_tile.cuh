@@ -2,7 +2,7 @@
 // Per 64-token page: S = Q K^T and O += P V on the warpgroup tensor cores (wgmma, bf16 in, fp32
 // accumulate, every operand read from shared memory), online softmax in base 2, P rounded to bf16.
 // One page in shared memory serves K (576 columns) and V (its first 512 columns). Pages stream
-// through a 2-stage TMA pipeline (mla_page_stages.cuh; layout: mla_splitkv_layout.cuh); split
+// through a 2-slot TMA ring (mla_page_ring.cuh; layout: mla_splitkv_layout.cuh); split
 // requests are merged by mla_combine or, fused, by mla_fused_combine.cuh. (The mma.sync version
 // of this body measured 2.1 us of math per page on the H200; one bulk copy per row, L2 prefetches
 // of the next pages and a ring of 21 column-block slots were slower and were dropped.)
@@ -21,27 +21,27 @@
 #include <encore/ops/mla.h>
 
 #include "common/body.cuh"
-#include "common/launch.cuh"
+#include "common/block.h"
+#include "common/async_copy.cuh"
 #include "common/wgmma.cuh"
 #include "mla/mla_device.cuh"
 #include "mla/mla_fused_combine.cuh"
-#include "mla/mla_page_stages.cuh"
+#include "mla/mla_page_ring.cuh"
 #include "mla/mla_plan.h"
 #include "mla/mla_splitkv_layout.cuh"
 
-namespace encore::ops::mla {
+namespace encore::mla {
 
 // Every (request, page range) of one part for the heads of `group`: scores, online softmax and
 // P V per page, then the final output or this split's partial (and, fused, the arrival).
 // `started`: the first request's pages, whose copies start_settled_pages() began (when early).
 template <SplitKvVariant kVariant, bool kFusedCombine>
-__device__ inline void splitkv_part(const MlaAttentionParams& p, int group, const std::int32_t* meta, char* smem_base,
-                                    detail_splitkv::PageStages& st, bool early_start, detail_splitkv::RequestPages started) {
+__device__ inline void splitkv_part(const MlaAttentionParams& p, int group, const MlaPartPlan& plan, char* smem_base,
+                                    PageRing& st, bool early_start, RequestPages started) {
   using Cfg = SplitKvConfig;
-  using namespace detail_splitkv;
   namespace dev = encore::device;
   constexpr bool kMath = kVariant != SplitKvVariant::kLoadsOnly;
-  const int begin_req = meta[kMetaBeginReq], end_req = meta[kMetaEndReq];
+  const int begin_req = plan.begin_req, end_req = plan.end_req;
   SplitKvSmem sm(smem_base);
   // Warp index through a shuffle so the compiler knows it is warp-uniform: the descriptors
   // derived from it then live in uniform registers (no per-wgmma conversions).
@@ -57,9 +57,9 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
 
   for (int req = begin_req; req <= end_req; ++req) {
     const bool early = early_start && req == begin_req;  // its settled pages are copying already
-    const RequestPages r = early ? started : request_pages(p, meta, req);
+    const RequestPages r = early ? started : request_pages(p, plan, req);
     const int page_begin = r.page_begin, token_end = r.token_end, num_pages = r.num_pages;
-    const int split_idx = req == begin_req ? meta[kMetaBeginSplit] : 0;
+    const int split_idx = req == begin_req ? plan.begin_split : 0;
     const int split_base = p.num_splits[req];
     const bool is_split = p.num_splits[req + 1] - split_base > 1;
 
@@ -71,7 +71,7 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
     }
     load_q(p, req, group, sm.q);  // awaited at the first page
     device::cp_async_commit();
-    for (int s = 0; s < Cfg::kStages; ++s)  // (early: start_settled_pages already copies every first page but the newest)
+    for (int s = 0; s < Cfg::kRingSlots; ++s)  // (early: start_settled_pages already copies every first page but the newest)
       if (s < num_pages && (!early || r.newest(s))) issue_page(p, st, s, r.first_ids[s], r.valid_tokens(s), sm.page + s * Cfg::kPageBytes);
 
     float acc[Cfg::kOutBlocksPerGroup][16];  // O^T: [m64 column block][fragment]
@@ -83,15 +83,15 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
     for (int i = 0; i < num_pages; ++i) {
       const int pg = page_begin + i;
       const int valid_tokens = min(token_end - pg * kMlaPageTokens, kMlaPageTokens);
-      const int stage = i % Cfg::kStages;
-      const std::int32_t next_id = i + Cfg::kStages < num_pages ? page_id_of(p, req, pg + Cfg::kStages) : 0;
-      wait_page(st, stage, sm.page + stage * Cfg::kPageBytes);
+      const int slot = i % Cfg::kRingSlots;
+      const std::int32_t next_id = i + Cfg::kRingSlots < num_pages ? page_id_of(p, req, pg + Cfg::kRingSlots) : 0;
+      wait_page(st, slot, sm.page + slot * Cfg::kPageBytes);
       if (i == 0) {
         device::cp_async_wait<0>();
         dev::fence_proxy_async();  // this thread's query copies, visible to the tensor cores' reads
         __syncthreads();
       }
-      const std::uint32_t stage_off = stage * Cfg::kPageBytes;
+      const std::uint32_t slot_off = slot * Cfg::kPageBytes;
 
       // ---- scores S^T = K Q^T: 64 tokens x 32 heads per warpgroup over its k half
       if constexpr (kMath) {
@@ -100,7 +100,7 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
 #pragma unroll
         for (int s = 0; s < Cfg::kKStepsPerGroup; ++s) {
           const int step_off = (s / 2) * Cfg::kColBlockBytes + (s % 2) * 64, q_off = (s / 2) * Cfg::kQColBlockBytes + (s % 2) * 64;
-          dev::wgmma_m64n32k16_bf16<0>(s_acc, k_desc.at(stage_off + step_off), q_desc.at(q_off), s > 0);
+          dev::wgmma_m64n32k16_bf16<0>(s_acc, k_desc.at(slot_off + step_off), q_desc.at(q_off), s > 0);
         }
         dev::wgmma_commit();
         dev::wgmma_wait<0>();
@@ -142,7 +142,7 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
         for (int j = 0; j < 8; j += 2) {
           const float p0 = exp2f(s[j] - new_max), p1 = exp2f(s[j + 1] - new_max);
           sum += p0 + p1;  // fp32 sum: keeps the LSE exact to fp32 (P itself goes to bf16)
-          packed[j / 2] = device::pack_bf16x2(p0, p1);
+          packed[j / 2] = pack_bf16x2(p0, p1);
         }
         *reinterpret_cast<uint4*>(sm.probs + dev::swizzled_offset(row, sub)) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
         dev::fence_proxy_async();  // P is read by the tensor cores
@@ -178,41 +178,41 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
         for (int cb = 0; cb < Cfg::kOutBlocksPerGroup; ++cb)
 #pragma unroll
           for (int ks = 0; ks < kMlaPageTokens / 16; ++ks) {
-            dev::wgmma_m64n32k16_bf16<1>(acc[cb], v_desc.at(stage_off + cb * Cfg::kColBlockBytes + ks * 16 * 128), p_desc.at(ks * 32), true);
+            dev::wgmma_m64n32k16_bf16<1>(acc[cb], v_desc.at(slot_off + cb * Cfg::kColBlockBytes + ks * 16 * 128), p_desc.at(ks * 32), true);
           }
         dev::wgmma_commit();
         dev::wgmma_wait<0>();
       }
-      __syncthreads();  // stage, scores and probs free again
+      __syncthreads();  // slot, scores and probs free again
 
-      if (i + Cfg::kStages < num_pages && kVariant != SplitKvVariant::kComputeOnly) {
-        const int next = pg + Cfg::kStages;
-        issue_page(p, st, stage, next_id, min(token_end - next * kMlaPageTokens, kMlaPageTokens), sm.page + stage * Cfg::kPageBytes);
+      if (i + Cfg::kRingSlots < num_pages && kVariant != SplitKvVariant::kComputeOnly) {
+        const int next = pg + Cfg::kRingSlots;
+        issue_page(p, st, slot, next_id, min(token_end - next * kMlaPageTokens, kMlaPageTokens), sm.page + slot * Cfg::kPageBytes);
       }
     }
     device::cp_async_wait<0>();  // (a request without pages never waited for its query)
-    drain_pages(st, sm.page);    // (compute-only: the first stages' copies, if never awaited)
+    drain_pages(st, sm.page);    // (compute-only: the first slots' copies, if never awaited)
     __syncthreads();
 
     // ---- epilogue: O / l and the LSE (natural log) of each row, final or partial slot. O goes
-    // through a free stage so the global stores are whole rows.
+    // through a free slot so the global stores are whole rows.
     const int slot = split_base + split_idx;
     float* o_base = is_split ? p.partial_o + std::int64_t(slot) * p.num_heads * kMlaLatentDim
                              : p.o_lat + std::int64_t(req) * p.num_heads * kMlaLatentDim;
     float* lse_base = is_split ? p.partial_lse + std::int64_t(slot) * p.num_heads : p.lse + std::int64_t(req) * p.num_heads;
-    float* o_stage = reinterpret_cast<float*>(sm.page);  // [32][kOutStride]
+    float* o_rows = reinterpret_cast<float*>(sm.page);  // [32][kOutStride]
 #pragma unroll
     for (int cb = 0; cb < Cfg::kOutBlocksPerGroup; ++cb)
 #pragma unroll
       for (int e = 0; e < 16; ++e) {
         const int col = (wg * Cfg::kOutBlocksPerGroup + cb) * Cfg::kBlockCols + 16 * wg_warp + lane / 4 + 8 * ((e / 2) % 2);
         const int head = 8 * (e / 4) + 2 * (lane % 4) + e % 2;
-        o_stage[head * Cfg::kOutStride + col] = acc[cb][e];
+        o_rows[head * Cfg::kOutStride + col] = acc[cb][e];
       }
     __syncthreads();
     if constexpr (kFusedCombine)
       if (is_split && split_idx == 0 && fused_pair(p, req)) {
-        fused_pair_merge(p, req, group, sm, o_stage);
+        fused_pair_merge(p, req, group, sm, o_rows);
         continue;  // no partial and no arrival: the output is written
       }
     constexpr int kRowFloat4 = kMlaLatentDim / 4;
@@ -222,7 +222,7 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
       if (head >= p.num_heads) break;  // rows only grow with it
       const float l = sm.row_sum[row];
       const float inv = l > 0.f ? 1.f / l : 0.f;
-      const float4 v = *reinterpret_cast<const float4*>(o_stage + row * Cfg::kOutStride + c4 * 4);
+      const float4 v = *reinterpret_cast<const float4*>(o_rows + row * Cfg::kOutStride + c4 * 4);
       reinterpret_cast<float4*>(o_base + std::int64_t(head) * kMlaLatentDim)[c4] = make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
     }
     if (threadIdx.x < Cfg::kRows) {
@@ -245,31 +245,30 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
 // The body waits before the tile unless p.plan_settled; then the tile waits itself (wait(), the
 // body's policy), after starting its settled first pages.
 template <SplitKvVariant kVariant = SplitKvVariant::kOp, bool kFusedCombine = false, class Wait>
-__device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, char* smem_base, detail_splitkv::PageStages& st,
+__device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, char* smem_base, PageRing& st,
                                         Wait& wait) {
-  using namespace detail_splitkv;
   const int groups = head_groups(p.num_heads);
   const int part = tile / groups, group = tile % groups;
-  const std::int32_t* meta = p.sched_meta + part * kMlaMetaInts;
-  const int begin_req = meta[kMetaBeginReq];
+  const MlaPartPlan& plan = p.part_plans[part];
+  const int begin_req = plan.begin_req;
   if (begin_req < 0) return;
   RequestPages started{};
   if (p.plan_settled) {
-    started = start_settled_pages(p, meta, smem_base, st);
+    started = start_settled_pages(p, plan, smem_base, st);
     wait();
   }
   // Read once, block-uniform: split-KV itself may OR in kMlaErrorPageId while other tiles run (or
   // this tile's thread 0 just did, in start_settled_pages), and the fused tiles must all keep the
   // counter protocol whatever they see.
-  const bool flagged = __syncthreads_or(device::step_flagged(p.error_flag));
+  const bool flagged = __syncthreads_or(step_flagged(p.error_flag));
   if (flagged && p.plan_settled) drain_pages(st, SplitKvSmem(smem_base).page);  // no copy lands in reused or freed memory
   if (flagged && !kFusedCombine) return;
-  const int end_req = meta[kMetaEndReq];
-  const bool first_split = meta[kMetaFirstIsSplit] != 0;
-  const bool last_split = meta[kMetaLastIsSplit] != 0 && end_req != begin_req;
+  const int end_req = plan.end_req;
+  const bool first_split = plan.first_is_split != 0;
+  const bool last_split = plan.last_is_split != 0 && end_req != begin_req;
   // A split request's role in the fused combine: a pair's split 0 merges it in its epilogue, any
   // other piece arrives (and, for more than two splits, merges a slice at the tile's end).
-  const bool first_owner = first_split && meta[kMetaBeginSplit] == 0 && fused_pair(p, begin_req);
+  const bool first_owner = first_split && plan.begin_split == 0 && fused_pair(p, begin_req);
   const bool last_owner = last_split && fused_pair(p, end_req);  // an end request's piece is its split 0
   if (flagged) {  // (fused only) keep the counter protocol; nothing is computed or written
     if (first_split) {
@@ -281,36 +280,36 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
       else fused_arrive(fused_counter(p, end_req, group));
     }
   } else {
-    splitkv_part<kVariant, kFusedCombine>(p, group, meta, smem_base, st, p.plan_settled, started);
+    splitkv_part<kVariant, kFusedCombine>(p, group, plan, smem_base, st, p.plan_settled, started);
   }
   if constexpr (kFusedCombine) {
     // All arrivals of this tile precede its waits, so no tile waits on one that waits on it.
-    __syncthreads();  // the page stages are free (every copy of every request was awaited)
-    char* stages = reinterpret_cast<char*>(SplitKvSmem(smem_base).page);
+    __syncthreads();  // the page slots are free (every copy of every request was awaited)
+    char* slots = reinterpret_cast<char*>(SplitKvSmem(smem_base).page);
     // The last request first: its other parts ran it at their start, so its counter is complete,
     // while this part's first request waits for the part before, which ends about now.
-    if (last_split && !fused_pair(p, end_req)) fused_combine(p, end_req, group, 0, !flagged, fused_counter(p, end_req, group), stages);
+    if (last_split && !fused_pair(p, end_req)) fused_combine(p, end_req, group, 0, !flagged, fused_counter(p, end_req, group), slots);
     if (first_split && !fused_pair(p, begin_req))
-      fused_combine(p, begin_req, group, meta[kMetaBeginSplit], !flagged, fused_counter(p, begin_req, group), stages);
+      fused_combine(p, begin_req, group, plan.begin_split, !flagged, fused_counter(p, begin_req, group), slots);
   }
 }
 
-// The split-KV body (common/body.cuh): the page stages' barriers, then every tile of the range;
+// The split-KV body (common/body.cuh): the page slots' barriers, then every tile of the range;
 // `pages` is the page pool's tensor map (a kernel parameter, or the megakernel's table in global
 // memory). With a settled plan each tile starts its first pages before it waits.
 template <SplitKvVariant kVariant = SplitKvVariant::kOp, bool kFusedCombine = false, class Range, class Wait>
 __device__ inline void mla_splitkv_body(const MlaAttentionParams& p, const CUtensorMap* pages, const Range& r, char* smem,
                                         Wait& wait) {
-  detail_splitkv::PageStages stages = detail_splitkv::page_stages_init(pages, smem);
+  PageRing slots = page_ring_init(pages, smem);
   if (!p.plan_settled) wait();
   const int tiles = p.num_parts * head_groups(p.num_heads);
   for (int tile = r.first(); tile < tiles; tile += r.stride()) {
-    mla_splitkv_tile<kVariant, kFusedCombine>(p, tile, smem, stages, wait);
-    encore::device::fence_proxy_async();  // this tile's generic writes to the stages, before the next tile's copies
+    mla_splitkv_tile<kVariant, kFusedCombine>(p, tile, smem, slots, wait);
+    encore::device::fence_proxy_async();  // this tile's generic writes to the slots, before the next tile's copies
     __syncthreads();
   }
   if constexpr (Wait::kSharedMemoryReused)
-    if (threadIdx.x == 0) encore::device::barrier_inval(stages.full, SplitKvConfig::kStages);
+    if (threadIdx.x == 0) encore::device::barrier_inval(slots.full, SplitKvConfig::kRingSlots);
 }
 
-}  // namespace encore::ops::mla
+}  // namespace encore::mla

@@ -11,12 +11,13 @@
 #include <encore/ops/mla.h>
 
 #include "common/body.cuh"
-#include "common/launch.cuh"
+#include "common/block.h"
+#include "common/smem_allocator.cuh"
 #include "mla/mla_combine.cuh"
 #include "mla/mla_device.cuh"
 #include "mla/mla_plan.h"
 
-namespace encore::ops::mla {
+namespace encore::mla {
 
 // ---- scheduler (one tile) --------------------------------------------------------------------
 // Validates the device-resident lengths, positions and page ids, then builds the tape plan of
@@ -24,29 +25,29 @@ namespace encore::ops::mla {
 // and one independent binary search per part. Thread t owns requests [t per, (t+1) per).
 struct SchedSmem {
   using Scan = cub::BlockScan<int, kBlockThreads>;
-  int* start;  // [num_seqs + 1]: tape start of each request
+  int* start;  // [batch + 1]: tape start of each request
   int* flag;
   typename Scan::TempStorage* scan;
   std::size_t bytes;
-  __host__ __device__ SchedSmem(char* base, int num_seqs) {
+  __host__ __device__ SchedSmem(char* base, int batch) {
     encore::device::SmemAllocator a(base);
-    start = a.take<int>(std::size_t(num_seqs) + 1);
+    start = a.take<int>(std::size_t(batch) + 1);
     flag = a.take<int>(1);
     scan = a.take<typename Scan::TempStorage>(1, alignof(typename Scan::TempStorage));
     bytes = a.used();
   }
 };
-inline std::size_t mla_sched_smem_bytes(int num_seqs) { return SchedSmem(nullptr, num_seqs).bytes; }
+inline std::size_t mla_sched_smem_bytes(int batch) { return SchedSmem(nullptr, batch).bytes; }
 
 __device__ inline void mla_sched_tile(const MlaSchedParams& p, int /*tile*/, char* smem) {
-  const SchedSmem sm(smem, p.num_seqs);
+  const SchedSmem sm(smem, p.batch);
   int* start = sm.start;
   int& flag = *sm.flag;
   using Scan = SchedSmem::Scan;
   typename Scan::TempStorage& scan_storage = *sm.scan;
   if (threadIdx.x == 0) flag = 0;
   __syncthreads();
-  const int n = p.num_seqs, C = p.fixed_overhead;
+  const int n = p.batch, C = p.fixed_overhead;
   const int capacity = p.cache.max_pages_per_seq * kMlaPageTokens;
   const int per = (n + kBlockThreads - 1) / kBlockThreads;
   const int b0 = min(int(threadIdx.x) * per, n), b1 = min(b0 + per, n);
@@ -83,7 +84,7 @@ __device__ inline void mla_sched_tile(const MlaSchedParams& p, int /*tile*/, cha
   }
   auto start_of = [&](int b) { return start[b]; };
   for (int part = threadIdx.x; part < p.num_parts; part += kBlockThreads)
-    plan_part(part, n, C, unit, start_of, p.sched_meta + part * kMlaMetaInts);
+    plan_part(part, n, C, unit, start_of, p.part_plans[part]);
   __syncthreads();  // flag complete
   if (threadIdx.x == 0) *p.error_flag = flag;
 }
@@ -104,7 +105,7 @@ struct KvAppendSmem {
 inline std::size_t mla_kv_append_smem_bytes() { return KvAppendSmem(nullptr).bytes; }
 
 __device__ inline void mla_kv_append_tile(const MlaKvAppendParams& p, int tile, char* smem) {
-  if (device::step_flagged(p.error_flag)) return;
+  if (step_flagged(p.error_flag)) return;
   const int req = tile;
   const int len = p.seq_lens[req];
   if (len <= 0) return;  // pad row
@@ -123,11 +124,11 @@ __device__ inline void mla_kv_append_tile(const MlaKvAppendParams& p, int tile, 
   if (threadIdx.x == 0) inv_rms = 1.f / sqrtf(sumsq / kMlaLatentDim + p.eps);
   __syncthreads();
   const float2 w = *reinterpret_cast<const float2*>(p.norm_weight + 2 * threadIdx.x);
-  reinterpret_cast<std::uint32_t*>(row)[threadIdx.x] = device::pack_bf16x2(c.x * inv_rms * w.x, c.y * inv_rms * w.y);
+  reinterpret_cast<std::uint32_t*>(row)[threadIdx.x] = pack_bf16x2(c.x * inv_rms * w.x, c.y * inv_rms * w.y);
   if (threadIdx.x < kMlaRopeDim / 2) {
     const int i = threadIdx.x;
-    const float2 r = device::rope_pair(p.rope, pos, i, in[kMlaLatentDim + 2 * i], in[kMlaLatentDim + 2 * i + 1]);
-    reinterpret_cast<std::uint32_t*>(row + kMlaLatentDim)[i] = device::pack_bf16x2(r.x, r.y);
+    const float2 r = rope_pair(p.rope, pos, i, in[kMlaLatentDim + 2 * i], in[kMlaLatentDim + 2 * i + 1]);
+    reinterpret_cast<std::uint32_t*>(row + kMlaLatentDim)[i] = pack_bf16x2(r.x, r.y);
   }
 }
 
@@ -155,8 +156,8 @@ __device__ inline void mla_q_absorb_tile(const MlaQAbsorbParams& p, int tile, ch
         *reinterpret_cast<const uint4*>(w_uk + std::int64_t(i) * kMlaLatentDim + chunk * 8);
   }
   const int col = threadIdx.x % Cfg::kCols, half = threadIdx.x / Cfg::kCols;
-  for (int n0 = 0; n0 < p.num_seqs; n0 += Cfg::kTokenChunk) {
-    const int chunk_tokens = min(Cfg::kTokenChunk, p.num_seqs - n0);
+  for (int n0 = 0; n0 < p.batch; n0 += Cfg::kTokenChunk) {
+    const int chunk_tokens = min(Cfg::kTokenChunk, p.batch - n0);
     __syncthreads();  // w_s written / previous chunk consumed
     for (int c = threadIdx.x; c < chunk_tokens * kMlaNopeDim / 4; c += kBlockThreads) {
       const int t = c / (kMlaNopeDim / 4), k4 = c % (kMlaNopeDim / 4);
@@ -182,12 +183,12 @@ __device__ inline void mla_q_absorb_tile(const MlaQAbsorbParams& p, int tile, ch
   }
   // The rope part of every token: by the tiles of column group 0.
   if (col_group == 0) {
-    for (int c = threadIdx.x; c < p.num_seqs * (kMlaRopeDim / 2); c += kBlockThreads) {
+    for (int c = threadIdx.x; c < p.batch * (kMlaRopeDim / 2); c += kBlockThreads) {
       const int n = c / (kMlaRopeDim / 2), i = c % (kMlaRopeDim / 2);
       const float* q_pe = p.q + std::int64_t(n) * p.q_stride + std::int64_t(head) * kMlaQHeadDim + kMlaNopeDim;
-      const float2 r = device::rope_pair(p.rope, p.positions[n], i, q_pe[2 * i], q_pe[2 * i + 1]);
+      const float2 r = rope_pair(p.rope, p.positions[n], i, q_pe[2 * i], q_pe[2 * i + 1]);
       reinterpret_cast<std::uint32_t*>(p.q576 + (std::int64_t(n) * p.num_heads + head) * kMlaRowDim + kMlaLatentDim)[i] =
-          device::pack_bf16x2(r.x, r.y);
+          pack_bf16x2(r.x, r.y);
     }
   }
 }
@@ -197,15 +198,15 @@ __device__ inline void mla_q_absorb_tile(const MlaQAbsorbParams& p, int tile, ch
 // reads. Many requests (few splits each): one slice of 512 columns, so fewer, fuller tiles.
 // The math is mla_combine.cuh's, shared with the combine fused into split-KV.
 struct CombineConfig {
-  __host__ __device__ static int slices(int num_seqs) { return num_seqs >= 8 ? 1 : 4; }
+  __host__ __device__ static int slices(int batch) { return batch >= 8 ? 1 : 4; }
 };
 inline std::size_t mla_combine_smem_bytes(int num_parts) {
   return kCombineRedBytes + (std::size_t(num_parts) + 1) * sizeof(float);
 }
 
 __device__ inline void mla_combine_tile(const MlaAttentionParams& p, int tile, char* smem) {
-  if (device::step_flagged(p.error_flag)) return;
-  const int slices = CombineConfig::slices(p.num_seqs);
+  if (step_flagged(p.error_flag)) return;
+  const int slices = CombineConfig::slices(p.batch);
   const int slice = tile % slices;
   const int head = (tile / slices) % p.num_heads;
   const int req = tile / slices / p.num_heads;
@@ -247,7 +248,7 @@ __device__ inline void mla_v_up_tile(const MlaVUpParams& p, int tile, Wait& wait
     for (int h = 0; h < 2; ++h)
       w[r][h] = *reinterpret_cast<const uint4*>(w_uv + std::int64_t(r) * kMlaLatentDim + h * 256 + lane * 8);
   wait();
-  for (int n = 0; n < p.num_seqs; ++n) {
+  for (int n = 0; n < p.batch; ++n) {
     const float* o = p.o_lat + (std::int64_t(n) * p.num_heads + head) * kMlaLatentDim;
     float x[2][8];
 #pragma unroll
@@ -290,7 +291,7 @@ __device__ inline void mla_sched_body(const MlaSchedParams& p, const Range& r, c
 template <class Range, class Wait>
 __device__ inline void mla_kv_append_body(const MlaKvAppendParams& p, const Range& r, char* smem, Wait& wait) {
   wait();
-  for (int tile = r.first(); tile < p.num_seqs; tile += r.stride()) {
+  for (int tile = r.first(); tile < p.batch; tile += r.stride()) {
     mla_kv_append_tile(p, tile, smem);
     __syncthreads();
   }
@@ -309,7 +310,7 @@ __device__ inline void mla_q_absorb_body(const MlaQAbsorbParams& p, const Range&
 template <class Range, class Wait>
 __device__ inline void mla_combine_body(const MlaAttentionParams& p, const Range& r, char* smem, Wait& wait) {
   wait();
-  const int tiles = p.num_seqs * p.num_heads * CombineConfig::slices(p.num_seqs);
+  const int tiles = p.batch * p.num_heads * CombineConfig::slices(p.batch);
   for (int tile = r.first(); tile < tiles; tile += r.stride()) mla_combine_tile(p, tile, smem);
 }
 
@@ -319,4 +320,4 @@ __device__ inline void mla_v_up_body(const MlaVUpParams& p, const Range& r, Wait
   for (int tile = r.first(); tile < tiles; tile += r.stride()) mla_v_up_tile(p, tile, wait);
 }
 
-}  // namespace encore::ops::mla
+}  // namespace encore::mla

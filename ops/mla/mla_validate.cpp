@@ -16,9 +16,9 @@ Status check_heads(int num_heads, const char* op) {
   return {};
 }
 
-Status check_seqs(int num_seqs, const char* op) {
-  ENCORE_REQUIRE(num_seqs >= 1 && num_seqs <= kMlaMaxSeqs, StatusCode::kInvalidArgument, op, ": num_seqs must be in [1, ",
-                 kMlaMaxSeqs, "] (got ", num_seqs, ")");
+Status check_seqs(int batch, const char* op) {
+  ENCORE_REQUIRE(batch >= 1 && batch <= kMlaMaxBatch, StatusCode::kInvalidArgument, op, ": batch must be in [1, ",
+                 kMlaMaxBatch, "] (got ", batch, ")");
   return {};
 }
 
@@ -53,30 +53,30 @@ std::size_t pool_bytes(const MlaPagedCache& c) { return std::size_t(c.num_pages)
 
 Status mla_validate(const MlaSchedParams& p) {
   constexpr const char* op = "mla_sched";
-  ENCORE_RETURN_IF_ERROR(check_seqs(p.num_seqs, op));
+  ENCORE_RETURN_IF_ERROR(check_seqs(p.batch, op));
   ENCORE_RETURN_IF_ERROR(check_cache(p.cache, false, op));
   ENCORE_REQUIRE(p.num_parts >= 1 && p.num_parts <= 4096, StatusCode::kInvalidArgument, op,
                  ": num_parts must be in [1, 4096] (got ", p.num_parts, ")");
   ENCORE_REQUIRE(p.fixed_overhead >= 0 && p.fixed_overhead <= 4096, StatusCode::kInvalidArgument, op,
                  ": fixed_overhead must be in [0, 4096] (got ", p.fixed_overhead, ")");
   // The plan's tape arithmetic is 32-bit (mla_plan.h).
-  ENCORE_REQUIRE(std::int64_t(p.num_seqs) * (std::int64_t(p.cache.max_pages_per_seq) + p.fixed_overhead) < (std::int64_t(1) << 31),
-                 StatusCode::kOutOfRange, op, ": num_seqs * (max_pages_per_seq + fixed_overhead) must stay below 2^31");
+  ENCORE_REQUIRE(std::int64_t(p.batch) * (std::int64_t(p.cache.max_pages_per_seq) + p.fixed_overhead) < (std::int64_t(1) << 31),
+                 StatusCode::kOutOfRange, op, ": batch * (max_pages_per_seq + fixed_overhead) must stay below 2^31");
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.seq_lens, 4, "mla_sched: seq_lens"));
   if (p.positions) ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.positions, 4, "mla_sched: positions"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.sched_meta, 16, "mla_sched: sched_meta"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.part_plans, 16, "mla_sched: part_plans"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.num_splits, 4, "mla_sched: num_splits"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.error_flag, 4, "mla_sched: error_flag"));
-  const std::size_t meta_bytes = std::size_t(p.num_parts) * kMlaMetaInts * 4, splits_bytes = (std::size_t(p.num_seqs) + 1) * 4;
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.sched_meta, meta_bytes, "sched_meta", p.num_splits, splits_bytes, "num_splits"));
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.sched_meta, meta_bytes, "sched_meta", p.error_flag, 4, "error_flag"));
+  const std::size_t meta_bytes = std::size_t(p.num_parts) * kMlaPartPlanInts * 4, splits_bytes = (std::size_t(p.batch) + 1) * 4;
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.part_plans, meta_bytes, "part_plans", p.num_splits, splits_bytes, "num_splits"));
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.part_plans, meta_bytes, "part_plans", p.error_flag, 4, "error_flag"));
   ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.num_splits, splits_bytes, "num_splits", p.error_flag, 4, "error_flag"));
   return {};
 }
 
 Status mla_validate(const MlaKvAppendParams& p) {
   constexpr const char* op = "mla_kv_append";
-  ENCORE_RETURN_IF_ERROR(check_seqs(p.num_seqs, op));
+  ENCORE_RETURN_IF_ERROR(check_seqs(p.batch, op));
   ENCORE_RETURN_IF_ERROR(check_cache(p.cache, true, op));
   ENCORE_RETURN_IF_ERROR(check_rope(p.rope, op));
   ENCORE_REQUIRE(p.kv_a_stride >= kMlaRowDim && p.kv_a_stride % 4 == 0, StatusCode::kInvalidArgument, op,
@@ -87,22 +87,22 @@ Status mla_validate(const MlaKvAppendParams& p) {
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.positions, 4, "mla_kv_append: positions"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.seq_lens, 4, "mla_kv_append: seq_lens"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.error_flag, 4, "mla_kv_append: error_flag"));
-  const std::size_t kv_bytes = std::size_t(p.num_seqs) * p.kv_a_stride * 4;
+  const std::size_t kv_bytes = std::size_t(p.batch) * p.kv_a_stride * 4;
   ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.cache.pages, pool_bytes(p.cache), "cache.pages", p.kv_a, kv_bytes, "kv_a"));
   ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.cache.pages, pool_bytes(p.cache), "cache.pages", p.norm_weight,
                                                   kMlaLatentDim * 4, "norm_weight"));
   ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.cache.pages, pool_bytes(p.cache), "cache.pages", p.cache.block_table,
-                                                  std::size_t(p.num_seqs) * p.cache.block_table_stride * 4, "block_table"));
+                                                  std::size_t(p.batch) * p.cache.block_table_stride * 4, "block_table"));
   ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.cache.pages, pool_bytes(p.cache), "cache.pages", p.positions,
-                                                  std::size_t(p.num_seqs) * 4, "positions"));
+                                                  std::size_t(p.batch) * 4, "positions"));
   ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.cache.pages, pool_bytes(p.cache), "cache.pages", p.seq_lens,
-                                                  std::size_t(p.num_seqs) * 4, "seq_lens"));
+                                                  std::size_t(p.batch) * 4, "seq_lens"));
   return {};
 }
 
 Status mla_validate(const MlaQAbsorbParams& p) {
   constexpr const char* op = "mla_q_absorb";
-  ENCORE_RETURN_IF_ERROR(check_seqs(p.num_seqs, op));
+  ENCORE_RETURN_IF_ERROR(check_seqs(p.batch, op));
   ENCORE_RETURN_IF_ERROR(check_heads(p.num_heads, op));
   ENCORE_RETURN_IF_ERROR(check_rope(p.rope, op));
   ENCORE_REQUIRE(p.q_stride >= std::int64_t(p.num_heads) * kMlaQHeadDim && p.q_stride % 4 == 0, StatusCode::kInvalidArgument,
@@ -111,17 +111,17 @@ Status mla_validate(const MlaQAbsorbParams& p) {
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.kv_b, 16, "mla_q_absorb: kv_b"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.positions, 4, "mla_q_absorb: positions"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.q576, 16, "mla_q_absorb: q576"));
-  const std::size_t out_bytes = std::size_t(p.num_seqs) * p.num_heads * kMlaRowDim * 2;
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.q576, out_bytes, "q576", p.q, std::size_t(p.num_seqs) * p.q_stride * 4, "q"));
+  const std::size_t out_bytes = std::size_t(p.batch) * p.num_heads * kMlaRowDim * 2;
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.q576, out_bytes, "q576", p.q, std::size_t(p.batch) * p.q_stride * 4, "q"));
   ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.q576, out_bytes, "q576", p.kv_b,
                                                   std::size_t(p.num_heads) * kMlaKvbRowsPerHead * kMlaLatentDim * 2, "kv_b"));
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.q576, out_bytes, "q576", p.positions, std::size_t(p.num_seqs) * 4, "positions"));
+  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.q576, out_bytes, "q576", p.positions, std::size_t(p.batch) * 4, "positions"));
   return {};
 }
 
 Status mla_validate(const MlaAttentionParams& p) {
   constexpr const char* op = "mla_attention";
-  ENCORE_RETURN_IF_ERROR(check_seqs(p.num_seqs, op));
+  ENCORE_RETURN_IF_ERROR(check_seqs(p.batch, op));
   ENCORE_RETURN_IF_ERROR(check_heads(p.num_heads, op));
   ENCORE_RETURN_IF_ERROR(check_cache(p.cache, true, op));
   ENCORE_REQUIRE(p.num_parts >= 1 && p.num_parts <= 4096, StatusCode::kInvalidArgument, op,
@@ -130,14 +130,14 @@ Status mla_validate(const MlaAttentionParams& p) {
                  ": softmax_scale must be finite and > 0");
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.q576, 16, "mla_attention: q576"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.seq_lens, 4, "mla_attention: seq_lens"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.sched_meta, 16, "mla_attention: sched_meta"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.part_plans, 16, "mla_attention: part_plans"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.num_splits, 4, "mla_attention: num_splits"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.error_flag, 4, "mla_attention: error_flag"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.o_lat, 16, "mla_attention: o_lat"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.lse, 4, "mla_attention: lse"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.partial_o, 16, "mla_attention: partial_o"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.partial_lse, 4, "mla_attention: partial_lse"));
-  const std::size_t rows = std::size_t(p.num_seqs) * p.num_heads, slots = std::size_t(p.num_seqs + p.num_parts) * p.num_heads;
+  const std::size_t rows = std::size_t(p.batch) * p.num_heads, slots = std::size_t(p.batch + p.num_parts) * p.num_heads;
   struct Region { const void* ptr; std::size_t bytes; const char* name; };
   const Region outputs[] = {{p.o_lat, rows * kMlaLatentDim * 4, "o_lat"},
                             {p.lse, rows * 4, "lse"},
@@ -145,12 +145,12 @@ Status mla_validate(const MlaAttentionParams& p) {
                             {p.partial_lse, slots * 4, "partial_lse"}};
   const Region inputs[] = {{p.q576, rows * kMlaRowDim * 2, "q576"},
                            {p.cache.pages, pool_bytes(p.cache), "cache.pages"},
-                           {p.seq_lens, std::size_t(p.num_seqs) * 4, "seq_lens"},
-                           {p.sched_meta, std::size_t(p.num_parts) * kMlaMetaInts * 4, "sched_meta"},
-                           {p.num_splits, std::size_t(p.num_seqs + 1) * 4, "num_splits"}};
+                           {p.seq_lens, std::size_t(p.batch) * 4, "seq_lens"},
+                           {p.part_plans, std::size_t(p.num_parts) * kMlaPartPlanInts * 4, "part_plans"},
+                           {p.num_splits, std::size_t(p.batch + 1) * 4, "num_splits"}};
   if (p.counters != nullptr) {
     ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.counters, 4, "mla_attention: counters"));
-    const std::size_t counter_bytes = std::size_t(p.num_seqs) * mla_head_groups(p.num_heads) * 4;
+    const std::size_t counter_bytes = std::size_t(p.batch) * mla_head_groups(p.num_heads) * 4;
     for (const Region& r : outputs)
       ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.counters, counter_bytes, "counters", r.ptr, r.bytes, r.name));
     for (const Region& r : inputs)
@@ -168,14 +168,14 @@ Status mla_validate(const MlaAttentionParams& p) {
 
 Status mla_validate(const MlaVUpParams& p) {
   constexpr const char* op = "mla_v_up";
-  ENCORE_RETURN_IF_ERROR(check_seqs(p.num_seqs, op));
+  ENCORE_RETURN_IF_ERROR(check_seqs(p.batch, op));
   ENCORE_RETURN_IF_ERROR(check_heads(p.num_heads, op));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.o_lat, 16, "mla_v_up: o_lat"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.kv_b, 16, "mla_v_up: kv_b"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.out, 16, "mla_v_up: out"));
-  const std::size_t out_bytes = std::size_t(p.num_seqs) * p.num_heads * kMlaVHeadDim * 4;
+  const std::size_t out_bytes = std::size_t(p.batch) * p.num_heads * kMlaVHeadDim * 4;
   ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.out, out_bytes, "out", p.o_lat,
-                                                  std::size_t(p.num_seqs) * p.num_heads * kMlaLatentDim * 4, "o_lat"));
+                                                  std::size_t(p.batch) * p.num_heads * kMlaLatentDim * 4, "o_lat"));
   ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.out, out_bytes, "out", p.kv_b,
                                                   std::size_t(p.num_heads) * kMlaKvbRowsPerHead * kMlaLatentDim * 2, "kv_b"));
   return {};

@@ -5,10 +5,11 @@
 #include <cmath>
 
 #include "common/cuda_check.h"
-#include "common/launch.cuh"
+#include "common/block.h"
+#include "common/launch.h"
 #include "common/tensor_map.h"
 #include "moe/moe_expert_stream.cuh"
-#include "moe/moe_expert_tile.cuh"
+#include "moe/moe_work_list.cuh"
 #include "moe/moe_plan.h"
 #include "moe/moe_router_tile.cuh"
 
@@ -84,17 +85,17 @@ ExpertsLayout experts_layout(int max_batch, int num_experts, int num_shared, int
   l.entry_weight = take(entries * sizeof(float));
   l.token_entries = take(entries * sizeof(int));
   l.chunk_done = take(std::size_t(moe::down_row_chunks(hidden)) * sizeof(int));
-  l.act_in = take(std::size_t(max_batch) * (hidden / 256) * gemv::kActBlockBytes);
-  l.act_mid = take(entries * (inter / 256) * gemv::kActBlockBytes);
+  l.act_in = take(std::size_t(max_batch) * (hidden / 256) * q4k::kActBlockBytes);
+  l.act_mid = take(entries * (inter / 256) * q4k::kActBlockBytes);
   l.y = take(entries * std::size_t(hidden) * sizeof(float));
   l.total = at;
   return l;
 }
 
-// The streams of the gate/up and down kernels: as many ring stages per warp as fit in each block's
-// share of shared memory (at most kMaxRingStages). The general plan runs kStreamBlocksPerSm blocks
-// per SM with entries per pass as many as leave at least kWantStages (or, when none does,
-// kMinStages), sized for max_batch, so one capture serves any routing. A batch of at most
+// The streams of the gate/up and down kernels: as many ring slots per warp as fit in each block's
+// share of shared memory (at most kMaxRingSlots). The general plan runs kStreamBlocksPerSm blocks
+// per SM with entries per pass as many as leave at least kWantSlots (or, when none does,
+// kMinSlots), sized for max_batch, so one capture serves any routing. A batch of at most
 // kTokensPerPass tokens first tries a plan of its own: passes as wide as the batch (no expert is
 // ever split), both stream kernels at kSmallBatchBlocks blocks per SM, whose smaller rings start
 // each block's first item sooner (and at Kimi B = 1 give every down block one item too), and the
@@ -110,7 +111,7 @@ struct StreamPlan {
   std::size_t gate_up_smem = 0, down_smem = 0;
 };
 
-constexpr int kWantStages = 4, kMinStages = 2, kSmallBatchBlocks = 3;
+constexpr int kWantSlots = 4, kMinSlots = 2, kSmallBatchBlocks = 3;
 
 // What the plan depends on: the SM count and the opt-in shared memory per block.
 struct DeviceLimits {
@@ -120,18 +121,18 @@ struct DeviceLimits {
 DeviceLimits current_limits() { return {detail::sm_count(), std::size_t(detail::max_shared_memory_per_block())}; }
 
 // Fills shape (k_blocks, tokens, gather set) for `row_groups` items per pass at blocks_per_sm
-// blocks per SM; false if fewer than min_stages fit.
-bool fit_stream(const DeviceLimits& dev, moe::StreamShape& shape, int passes, int row_groups, int min_stages, int blocks_per_sm,
+// blocks per SM; false if fewer than min_slots fit.
+bool fit_stream(const DeviceLimits& dev, moe::StreamShape& shape, int passes, int row_groups, int min_slots, int blocks_per_sm,
                 int& grid, std::size_t& smem) {
   const std::int64_t items = std::int64_t(passes) * row_groups;
   grid = int(std::max<std::int64_t>(1, std::min<std::int64_t>(items, std::int64_t(dev.sms) * blocks_per_sm)));
-  shape.stage_blocks = moe::stream_stage_blocks(shape.k_blocks);
+  shape.slot_blocks = moe::stream_slot_blocks(shape.k_blocks);
   shape.max_items = int((items + grid - 1) / grid);
-  min_stages = std::min(min_stages, shape.max_items * shape.stages_per_item());  // no deeper than a block's whole work
+  min_slots = std::min(min_slots, shape.max_items * shape.pieces_per_item());  // no deeper than a block's whole work
   constexpr std::size_t kReservedPerBlock = 1024;  // the runtime's shared memory per block
   const std::size_t limit =
       dev.smem_per_block / blocks_per_sm - (blocks_per_sm > 1 ? kReservedPerBlock : 0);
-  for (shape.stages = moe::kMaxRingStages; shape.stages >= min_stages; --shape.stages) {
+  for (shape.slots = moe::kMaxRingSlots; shape.slots >= min_slots; --shape.slots) {
     smem = moe::StreamSmem(nullptr, shape).bytes;
     if (smem <= limit) return true;
   }
@@ -140,7 +141,7 @@ bool fit_stream(const DeviceLimits& dev, moe::StreamShape& shape, int passes, in
 
 // Both streams for `tokens` entries per pass over the passes of `batch` tokens; in_block: each
 // block holds a list of `batch` tokens' entries and builds it in its ring.
-bool fit_plan(const DeviceLimits& dev, const MoeExpertsParams& a, int batch, int tokens, int blocks_per_sm, int min_stages,
+bool fit_plan(const DeviceLimits& dev, const MoeExpertsParams& a, int batch, int tokens, int blocks_per_sm, int min_slots,
               bool in_block, StreamPlan& plan) {
   const int passes = moe::max_passes(batch, a.num_experts, a.num_shared, a.top_k, tokens);
   plan.tokens = tokens;
@@ -148,35 +149,35 @@ bool fit_plan(const DeviceLimits& dev, const MoeExpertsParams& a, int batch, int
   const int list_passes = in_block ? passes : 0, list_entries = in_block ? batch * (a.top_k + a.num_shared) : 0;
   plan.gate_up = {a.hidden / 256, 0, 0, tokens, 0, true, list_passes, list_entries};
   plan.down = {a.inter / 256, 0, 0, tokens, 0, false, list_passes, list_entries};
-  if (!fit_stream(dev, plan.gate_up, passes, moe::gate_up_row_groups(a.inter), min_stages, blocks_per_sm, plan.gate_up_grid,
+  if (!fit_stream(dev, plan.gate_up, passes, moe::gate_up_row_groups(a.inter), min_slots, blocks_per_sm, plan.gate_up_grid,
                   plan.gate_up_smem) ||
-      !fit_stream(dev, plan.down, passes, moe::down_row_chunks(a.hidden), min_stages, blocks_per_sm, plan.down_grid,
+      !fit_stream(dev, plan.down, passes, moe::down_row_chunks(a.hidden), min_slots, blocks_per_sm, plan.down_grid,
                   plan.down_smem))
     return false;
   if (in_block)
     for (const moe::StreamShape* shape : {&plan.gate_up, &plan.down})
-      if (std::size_t(kWarpsPerBlock) * shape->stages * shape->stage_bytes() < moe::prepare_smem_bytes()) return false;
+      if (std::size_t(kWarpsPerBlock) * shape->slots * shape->slot_bytes() < moe::prepare_smem_bytes()) return false;
   // The combine stages its chunk list and the entry lists in the (then idle) down ring.
   const std::size_t combine =
       moe::combine_chunk_list_bytes(plan.down.max_items) + moe::combine_lists_bytes(a.max_batch, a.top_k + a.num_shared);
-  return std::size_t(kWarpsPerBlock) * plan.down.stages * plan.down.stage_bytes() >= combine;
+  return std::size_t(kWarpsPerBlock) * plan.down.slots * plan.down.slot_bytes() >= combine;
 }
 
 Status plan_streams(const DeviceLimits& dev, const MoeExpertsParams& a, StreamPlan& plan) {
   // Passes as wide as the batch: one per used expert.
   const std::int64_t small_items = std::int64_t(std::min(a.num_experts, a.batch * a.top_k) + a.num_shared) * moe::gate_up_row_groups(a.inter);
   if (a.batch <= moe::kTokensPerPass && small_items <= std::int64_t(dev.sms) * kSmallBatchBlocks &&
-      fit_plan(dev, a, a.batch, a.batch, kSmallBatchBlocks, kMinStages, true, plan))
+      fit_plan(dev, a, a.batch, a.batch, kSmallBatchBlocks, kMinSlots, true, plan))
     return {};
-  for (int min_stages : {kWantStages, kMinStages})
+  for (int min_slots : {kWantSlots, kMinSlots})
     for (int tokens = std::min(moe::kTokensPerPass, a.max_batch); tokens >= 1; --tokens)
-      if (fit_plan(dev, a, a.max_batch, tokens, moe::kStreamBlocksPerSm, min_stages, false, plan)) return {};
+      if (fit_plan(dev, a, a.max_batch, tokens, moe::kStreamBlocksPerSm, min_slots, false, plan)) return {};
   return Status(StatusCode::kUnsupported, detail::concat("moe_experts: hidden = ", a.hidden, ", inter = ", a.inter,
                                                          ": the expert streams do not fit in shared memory"));
 }
 
 // The streams' tensor maps: every expert's rows (routed, then shared) of each matrix as 4-byte
-// words, boxes of one warp's rows x one stage.
+// words, boxes of one warp's rows x one slot.
 Status encode_stream_maps(const moe::StreamShape& shape, const void* const (&mats)[2], const char* const (&names)[2], int rows,
                           std::int64_t row_bytes, moe::StreamMaps& maps) {
   for (int m = 0; m < shape.matrices(); ++m)
@@ -448,7 +449,7 @@ Status moe_experts_plan(const MoeExpertsParams& a, MoeExpertsPlan* out, int sm_c
   const DeviceLimits dev = sm_count > 0 ? DeviceLimits{sm_count, smem_per_block} : current_limits();
   StreamPlan plan;
   ENCORE_RETURN_IF_ERROR(plan_streams(dev, a, plan));
-  *out = {plan.gate_up.in_block(), plan.blocks_per_sm, plan.gate_up_grid, plan.down_grid, plan.tokens, plan.gate_up.stages, plan.down.stages};
+  *out = {plan.gate_up.in_block(), plan.blocks_per_sm, plan.gate_up_grid, plan.down_grid, plan.tokens, plan.gate_up.slots, plan.down.slots};
   return {};
 }
 
@@ -545,9 +546,9 @@ Status plan_experts_for_grid(const ops::MoeExpertsParams& a, int blocks, std::si
   // Passes as wide as the batch (in-block), or the widest that fits.
   const int widest = in_block ? a.batch : std::min(kTokensPerPass, a.batch), narrowest = in_block ? a.batch : 1;
   ops::StreamPlan plan;
-  for (int min_stages : {ops::kWantStages, ops::kMinStages})
+  for (int min_slots : {ops::kWantSlots, ops::kMinSlots})
     for (int tokens = widest; tokens >= narrowest; --tokens)
-      if (ops::fit_plan(grid, a, a.batch, tokens, 1, min_stages, in_block, plan)) {
+      if (ops::fit_plan(grid, a, a.batch, tokens, 1, min_slots, in_block, plan)) {
         *out = {ops::experts_tile_params(a, plan.tokens), plan.gate_up, plan.down, plan.gate_up_smem, plan.down_smem};
         return {};
       }

@@ -12,14 +12,14 @@
 // resident buffer, while their first weights are in flight).
 // An item is 64 (matrix, row) units: one per 4-lane group of the 8 warps; a warp's units are
 // consecutive rows (down) or the same consecutive rows of gate and of up. Its weights arrive in
-// K stages through a ring of shared-memory buffers per warp: one TMA box per matrix and stage
-// (the warp's rows x the stage's K blocks, through a tensor map of all experts' rows), completion
+// K pieces through a ring of shared-memory buffers per warp: one TMA box per matrix and slot
+// (the warp's rows x the slot's K blocks, through a tensor map of all experts' rows), completion
 // on one mbarrier per buffer; a warp refills a buffer as soon as it is done with it. (One bulk
 // copy per row, issued lane by lane, took a quarter of the kernels' instructions at B = 32.) The
 // entries' activations arrive through kActBuffers block-wide buffers, one bulk copy per entry;
 // warp 0 refills one after the block barrier that ends its item. Bytes in flight cost no
-// registers, so one block keeps several stages of the next items in flight.
-// The math is the GEMV's quad core (gemv/q4k_stream.cuh): lane p of a group decodes 64 weights of
+// registers, so one block keeps several slots of the next items in flight.
+// The math is the GEMV's quad core (q4k/q4k_stream.cuh): lane p of a group decodes 64 weights of
 // a block once and dots them with each entry's int8 activations, in K order; a group's four
 // lanes are summed by a fixed butterfly. A token's result never depends on the other tokens.
 #pragma once
@@ -27,15 +27,16 @@
 #include <cstdint>
 
 #include "common/body.cuh"
-#include "gemv/gemv_tile.cuh"  // stage_pitch
-#include "gemv/q4k_stream.cuh"
-#include "moe/moe_expert_tile.cuh"
+#include "common/smem_allocator.cuh"
+#include "q4k/q4k_stream.cuh"
+#include "moe/moe_epilogues.cuh"
+#include "moe/moe_work_list.cuh"
 
 namespace encore::moe {
 
 inline constexpr int kStreamUnits = 64;       // (matrix, row) units per item: 8 warps x 8 groups
 inline constexpr int kUnitsPerWarp = kStreamUnits / kWarpsPerBlock;
-inline constexpr int kMaxRingStages = 8;
+inline constexpr int kMaxRingSlots = 8;
 #ifndef ENCORE_MOE_ACT_BUFFERS
 #define ENCORE_MOE_ACT_BUFFERS 2
 #endif
@@ -46,33 +47,33 @@ static_assert(kWarpsPerBlock * 8 == kStreamUnits && kTokensPerPass <= kWarpsPerB
 static_assert(kStreamUnits == 2 * kGateUpRows && kStreamUnits == kDownRows);
 
 // Compile-time tuning (H200 A/B in bench/RESULTS.md): stream blocks per SM, and the most K
-// blocks per stage (a TMA box's width: at most 7, the box's 256-word limit). Two blocks per SM
+// blocks per slot (a TMA box's width: at most 7, the box's 256-word limit). Two blocks per SM
 // beat one at every batch (Kimi layer B = 32: 282 vs 363 us): a block's items run their epilogues
-// and activation waits in series, and a second block fills those gaps. Stages of up to 9 blocks
-// (longer copies) gained 2-5% at one block per SM but leave no room for two; stages of 5 with TMA
-// boxes lost 7-13% from B = 32 (fewer ring stages fit). Batches of at most kTokensPerPass tokens
+// and activation waits in series, and a second block fills those gaps. Slots of up to 9 blocks
+// (longer copies) gained 2-5% at one block per SM but leave no room for two; slots of 5 with TMA
+// boxes lost 7-13% from B = 32 (fewer ring slots fit). Batches of at most kTokensPerPass tokens
 // may run both kernels at 3 blocks per SM instead (the launcher's small-batch plan, ops/moe/moe.cu).
 #ifndef ENCORE_MOE_STREAM_BLOCKS_PER_SM
 #define ENCORE_MOE_STREAM_BLOCKS_PER_SM 2
 #endif
-#ifndef ENCORE_MOE_MAX_STAGE_BLOCKS
-#define ENCORE_MOE_MAX_STAGE_BLOCKS 4
+#ifndef ENCORE_MOE_MAX_SLOT_BLOCKS
+#define ENCORE_MOE_MAX_SLOT_BLOCKS 4
 #endif
 inline constexpr int kStreamBlocksPerSm = ENCORE_MOE_STREAM_BLOCKS_PER_SM;
-inline constexpr int kMaxStageBlocks = ENCORE_MOE_MAX_STAGE_BLOCKS;
-static_assert(gemv::stage_pitch(kMaxStageBlocks) / 4 <= 256, "a stage is one TMA box row: at most 256 words");
+inline constexpr int kMaxSlotBlocks = ENCORE_MOE_MAX_SLOT_BLOCKS;
+static_assert(q4k::slot_pitch(kMaxSlotBlocks) / 4 <= 256, "a slot is one TMA box row: at most 256 words");
 
-// K blocks per stage: the fewest stages of at most kMaxStageBlocks blocks, split evenly (9 -> 3 + 3 + 3).
-__host__ __device__ constexpr int stream_stage_blocks(int k_blocks) {
-  const int stages = (k_blocks + kMaxStageBlocks - 1) / kMaxStageBlocks;
-  return (k_blocks + stages - 1) / stages;
+// K blocks per slot: the fewest slots of at most kMaxSlotBlocks blocks, split evenly (9 -> 3 + 3 + 3).
+__host__ __device__ constexpr int stream_slot_blocks(int k_blocks) {
+  const int slots = (k_blocks + kMaxSlotBlocks - 1) / kMaxSlotBlocks;
+  return (k_blocks + slots - 1) / slots;
 }
 
 // The shape of one kernel's stream, chosen by the host.
 struct StreamShape {
   int k_blocks;       // K / 256 of the matrices
-  int stage_blocks;   // stream_stage_blocks(k_blocks)
-  int stages;         // ring buffers per warp, 2..kMaxRingStages
+  int slot_blocks;   // stream_slot_blocks(k_blocks)
+  int slots;         // ring buffers per warp, 2..kMaxRingSlots
   int tokens;         // entries per pass (activation buffer capacity)
   int max_items;      // items one block can get (size of its item table)
   bool gather;        // gate/up: activations per token (gathered); down: per entry (contiguous)
@@ -83,15 +84,15 @@ struct StreamShape {
   // Gate/up with its own list: the batch's activations quantised once into one resident buffer.
   __host__ __device__ bool resident_act() const { return gather && in_block(); }
 
-  __host__ __device__ int pitch() const { return gemv::stage_pitch(stage_blocks); }
+  __host__ __device__ int pitch() const { return q4k::slot_pitch(slot_blocks); }
   __host__ __device__ int matrices() const { return gather ? 2 : 1; }  // gate and up, or down
   __host__ __device__ int box_rows() const { return kUnitsPerWarp / matrices(); }
-  // A box's rows lie pitch() apart (a padded pitch carries words past the stage, zeros past the
+  // A box's rows lie pitch() apart (a padded pitch carries words past the slot, zeros past the
   // row); each box starts 128-byte aligned, as the TMA engine requires.
   __host__ __device__ int box_stride() const { return (box_rows() * pitch() + 127) / 128 * 128; }
-  __host__ __device__ int stage_bytes() const { return matrices() * box_stride(); }  // one warp's buffer
-  __host__ __device__ int act_token_bytes() const { return k_blocks * gemv::kActBlockBytes; }
-  __host__ __device__ int stages_per_item() const { return (k_blocks + stage_blocks - 1) / stage_blocks; }
+  __host__ __device__ int slot_bytes() const { return matrices() * box_stride(); }  // one warp's buffer
+  __host__ __device__ int act_token_bytes() const { return k_blocks * q4k::kActBlockBytes; }
+  __host__ __device__ int pieces_per_item() const { return (k_blocks + slot_blocks - 1) / slot_blocks; }
 };
 
 // Tensor maps of a stream's matrices (gate and up, or down), each over all experts' rows as
@@ -105,11 +106,11 @@ struct StreamMaps {
 // (small batches) the block's work list. The list's build scratch (PlanSmem) borrows the ring
 // before the first weights are issued.
 struct StreamSmem {
-  std::uint64_t* full;        // [warps][kMaxRingStages] one phase per fill of a ring buffer
+  std::uint64_t* full;        // [warps][kMaxRingSlots] one phase per fill of a ring buffer
   std::uint64_t* act_full;    // [kActBuffers]
   int4* items;                // [max_items] {expert, first entry, entries, row group}
   int* tokens;                // [max_items][tokens] (gather only) the entries' tokens
-  char* ring;                 // [warps][stages][stage_bytes]
+  char* ring;                 // [warps][slots][slot_bytes]
   char* act;                  // [kActBuffers][tokens][act_token_bytes]
   float* mid;                 // [2][tokens][kGateUpRows]
   char* scratch;              // [warps][384]
@@ -120,14 +121,14 @@ struct StreamSmem {
 
   __host__ __device__ StreamSmem(char* base, const StreamShape& s) {
     device::SmemAllocator a(base);
-    full = a.take<std::uint64_t>(kWarpsPerBlock * kMaxRingStages, 8);
+    full = a.take<std::uint64_t>(kWarpsPerBlock * kMaxRingSlots, 8);
     act_full = a.take<std::uint64_t>(kActBuffers, 8);
     items = a.take<int4>(s.max_items);
     tokens = a.take<int>(s.gather ? std::size_t(s.max_items) * s.tokens : 0);
-    ring = a.take<char>(std::size_t(kWarpsPerBlock) * s.stages * s.stage_bytes(), 128);
+    ring = a.take<char>(std::size_t(kWarpsPerBlock) * s.slots * s.slot_bytes(), 128);
     act = a.take<char>(std::size_t(s.resident_act() ? 1 : kActBuffers) * s.tokens * s.act_token_bytes(), 128);
     mid = a.take<float>(s.gather ? 2 * std::size_t(s.tokens) * kGateUpRows : 0);
-    scratch = a.take<char>(s.gather ? std::size_t(kWarpsPerBlock) * gemv::kActBlockBytes : 0);
+    scratch = a.take<char>(s.gather ? std::size_t(kWarpsPerBlock) * q4k::kActBlockBytes : 0);
     last = a.take<int>(s.gather ? 0 : s.max_items);
     list.num_passes = a.take<int>(s.in_block() ? 1 : 0);
     list.passes = a.take<int4>(s.list_passes);
@@ -153,9 +154,9 @@ struct ExpertStream {
   std::uint64_t policy;  // evict-first: weights are read once per step
   int num_passes;  // this step's passes (read once, with the item table)
   int items;
-  // Per warp (warp-uniform): the next stage to fill (item, stage of the item), and the buffer
+  // Per warp (warp-uniform): the next K piece to fill (item, piece of the item), and the buffer
   // the warp computes on next with its phase parity.
-  int fill_item = 0, fill_stage = 0;
+  int fill_item = 0, fill_piece = 0;
   int slot = 0;
   std::uint32_t phase = 0;
 
@@ -171,11 +172,11 @@ struct ExpertStream {
     for (int m = 0; m < NMAT; ++m) map[m] = &maps.mat[m];
     expert_rows = NMAT == 2 ? p.inter : p.hidden;
     act_src = NMAT == 2 ? p.act_in : p.act_mid;
-    policy = q4k::device::evict_first_policy();
+    policy = q4k::evict_first_policy();
     if (threadIdx.x == 0) {
 #pragma unroll
       for (int m = 0; m < NMAT; ++m) device::prefetch_tensor_map(map[m]);
-      for (int i = 0; i < kWarpsPerBlock * kMaxRingStages; ++i) device::barrier_init(&s.full[i], 1);
+      for (int i = 0; i < kWarpsPerBlock * kMaxRingSlots; ++i) device::barrier_init(&s.full[i], 1);
       for (int i = 0; i < kActBuffers; ++i) device::barrier_init(&s.act_full[i], 1);
       device::fence_barrier_init();
     }
@@ -195,7 +196,7 @@ struct ExpertStream {
     }
     items = total > first ? (total - first + stride - 1) / stride : 0;
     __syncthreads();
-    for (int j = 0; j < shape.stages; ++j) fill_next(j);
+    for (int j = 0; j < shape.slots; ++j) fill_next(j);
   }
 
   // The entries' tokens (gate/up: all items' in one parallel round trip) and the first items'
@@ -215,17 +216,17 @@ struct ExpertStream {
       for (int k = 0; k < kActBuffers; ++k) issue_activations(k);
   }
 
-  // Warp-wide: the calling warp's next stage (fill_item, fill_stage) into its buffer `to`. Lane 0
-  // issues one box per matrix: the warp's box_rows() rows of the item's row group, the stage's K
+  // Warp-wide: the calling warp's next K piece (fill_item, fill_piece) into its buffer `to`. Lane 0
+  // issues one box per matrix: the warp's box_rows() rows of the item's row group, the slot's K
   // blocks.
   __device__ void fill_next(int to) {
     if (fill_item >= items) return;
     const int4 item = s.items[fill_item];
-    const int kb0 = fill_stage * shape.stage_blocks;
-    if (++fill_stage == shape.stages_per_item()) fill_stage = 0, ++fill_item;
+    const int kb0 = fill_piece * shape.slot_blocks;
+    if (++fill_piece == shape.pieces_per_item()) fill_piece = 0, ++fill_item;
     if (threadIdx.x % 32 != 0) return;
     const int warp = threadIdx.x / 32;
-    std::uint64_t* bar = &s.full[warp * kMaxRingStages + to];
+    std::uint64_t* bar = &s.full[warp * kMaxRingSlots + to];
     device::barrier_arrive_expect(bar, std::uint32_t(kUnitsPerWarp * shape.pitch()));
     const int row = item.x * expert_rows + item.w * (kStreamUnits / NMAT) + warp * shape.box_rows();
 #pragma unroll
@@ -235,7 +236,7 @@ struct ExpertStream {
 
   // The calling warp's ring buffer `b`.
   __device__ char* buffer(int b) const {
-    return s.ring + (std::size_t(threadIdx.x / 32) * shape.stages + b) * shape.stage_bytes();
+    return s.ring + (std::size_t(threadIdx.x / 32) * shape.slots + b) * shape.slot_bytes();
   }
 
   // Warp-wide: bulk copies of item k's entries' activations into buffer k % kActBuffers.
@@ -267,32 +268,32 @@ struct ExpertStream {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4, group = lane / 4;
     // Group g holds unit (matrix g % NMAT, row g / NMAT of the warp's box).
     const int row_offset = (group % NMAT) * shape.box_stride() + (group / NMAT) * shape.pitch();
-    const int spi = shape.stages_per_item();
+    const int spi = shape.pieces_per_item();
     const int b = k % kActBuffers;
     if constexpr (!kResidentAct) device::barrier_wait(&s.act_full[b], (k / kActBuffers) & 1u);
     const int4 item = s.items[k];
     const int count = item.z;
     const char* act = kResidentAct ? s.act : act_buffer(b);
     const int* act_row = s.tokens + k * shape.tokens;  // (resident) entry t's token row, read per use: no registers
-    const gemv::stream::PairUnpack unpack = gemv::stream::pair_unpack(quad);
+    const q4k::PairUnpack unpack = q4k::pair_unpack(quad);
 #pragma unroll
     for (int t = 0; t < kTokensPerPass; ++t) acc[t] = 0.f;
     for (int st = 0; st < spi; ++st) {
-      device::barrier_wait(&s.full[warp * kMaxRingStages + slot], phase);
+      device::barrier_wait(&s.full[warp * kMaxRingSlots + slot], phase);
       const char* row = buffer(slot) + row_offset;
-      const int kb0 = st * shape.stage_blocks, nb = min(shape.stage_blocks, shape.k_blocks - kb0);
+      const int kb0 = st * shape.slot_blocks, nb = min(shape.slot_blocks, shape.k_blocks - kb0);
       for (int jl = 0; jl < nb; ++jl) {
-        const gemv::stream::QuadWeights w = gemv::stream::decode_quad(row + jl * q4k::kBlockBytes, quad, unpack);
+        const q4k::QuadWeights w = q4k::decode_quad(row + jl * q4k::kBlockBytes, quad, unpack);
 #pragma unroll
         for (int t = 0; t < kTokensPerPass; ++t) {
           if (t >= count) break;
-          const char* a = act + (kResidentAct ? act_row[t] : t) * shape.act_token_bytes() + (kb0 + jl) * gemv::kActBlockBytes;
-          acc[t] += gemv::stream::quad_dot(w, gemv::stream::load_quad_activations(a, quad));
+          const char* a = act + (kResidentAct ? act_row[t] : t) * shape.act_token_bytes() + (kb0 + jl) * q4k::kActBlockBytes;
+          acc[t] += q4k::quad_dot(w, q4k::load_quad_activations(a, quad));
         }
       }
       __syncwarp();  // every lane is done with the buffer before it is refilled
       fill_next(slot);
-      if (++slot == shape.stages) slot = 0, phase ^= 1u;
+      if (++slot == shape.slots) slot = 0, phase ^= 1u;
     }
 #pragma unroll
     for (int t = 0; t < kTokensPerPass; ++t) {
@@ -312,7 +313,7 @@ struct ExpertStream {
   // Every copy has landed and been read (the caller passed a block barrier): the barriers go.
   __device__ void invalidate_barriers() const {
     if (threadIdx.x == 0) {
-      device::barrier_inval(s.full, kWarpsPerBlock * kMaxRingStages);
+      device::barrier_inval(s.full, kWarpsPerBlock * kMaxRingSlots);
       device::barrier_inval(s.act_full, kActBuffers);
     }
   }
@@ -352,8 +353,8 @@ __device__ inline void gate_up_body(const ExpertsTileParams& p, const StreamShap
     // Warp t quantises entry t's 32 values: rows 32*row_group.. are sub-block row_group % 8 of
     // 256-value block row_group / 8 of the entry's activations.
     if (warp < count)
-      quantize_sub_block(mid + warp * kGateUpRows, row_group % 8, stream.s.scratch + warp * gemv::kActBlockBytes,
-                         p.act_mid + (std::int64_t(item.y + warp) * p.inter_blocks + row_group / 8) * gemv::kActBlockBytes);
+      quantize_sub_block(mid + warp * kGateUpRows, row_group % 8, stream.s.scratch + warp * q4k::kActBlockBytes,
+                         p.act_mid + (std::int64_t(item.y + warp) * p.inter_blocks + row_group / 8) * q4k::kActBlockBytes);
   }
   if constexpr (Wait::kSharedMemoryReused) {
     __syncthreads();

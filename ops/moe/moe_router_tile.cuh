@@ -18,7 +18,8 @@
 #include <encore/ops/moe.h>
 
 #include "common/body.cuh"
-#include "common/launch.cuh"
+#include "common/block.h"
+#include "common/warp.cuh"
 
 namespace encore::moe {
 

@@ -18,7 +18,7 @@ __global__ void dequantize_kernel(const Block* __restrict__ in, Out* __restrict_
     const char* base = reinterpret_cast<const char*>(in + b);
     const uint4 header = *reinterpret_cast<const uint4*>(base);
     const uint4 codes = *reinterpret_cast<const uint4*>(base + 16 + 16 * c);
-    const device::SubBlockPair sp = device::decode_pair(header, c / 2);
+    const SubBlockPair sp = decode_pair(header, c / 2);
     Out* lo = out + b * kBlockValues + 64 * (c / 2) + 16 * (c % 2);  // sub-block 2*(c/2)
     Out* hi = lo + 32;                                                // sub-block 2*(c/2)+1
     const std::uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};

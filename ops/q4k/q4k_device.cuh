@@ -8,7 +8,7 @@
 
 #include <cuda_fp16.h>
 
-namespace encore::q4k::device {
+namespace encore::q4k {
 
 // Scale/min pair of the sub-blocks (2p, 2p+1) of a block, p = chunk / 2, as floats:
 // lo/hi = even/odd sub-block. D*sc and M*m are exact in fp32 (docs/q4k.md §4).
@@ -55,4 +55,4 @@ __device__ __forceinline__ uint4 load_weights_16(const void* ptr) {
   return v;
 }
 
-}  // namespace encore::q4k::device
+}  // namespace encore::q4k

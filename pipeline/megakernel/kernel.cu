@@ -20,7 +20,7 @@
 #include "mla/mla_splitkv_tile.cuh"
 #include "mla/mla_tiles.cuh"
 #include "moe/moe_expert_stream.cuh"
-#include "moe/moe_expert_tile.cuh"
+#include "moe/moe_work_list.cuh"
 #include "moe/moe_router_tile.cuh"
 #include "pipeline/megakernel/program.cuh"
 #include "pipeline/step_tiles.cuh"
@@ -180,33 +180,33 @@ __device__ __noinline__ void run_op(int slot, const TileRange r, CounterWait& wa
   char* smem = megakernel_smem + kReservedSmem;
   if constexpr (kOp == Opcode::kEmbed) {
     const EmbedParams& p = ins.params.embed;
-    device::embed_body(p, r, wait);
+    embed_body(p, r, wait);
   } else if constexpr (kOp == Opcode::kGemv) {
     run_gemv<NTOK>(ins.params.gemv, r, smem, wait);
   } else if constexpr (kOp == Opcode::kKda) {
     const ops::KdaParams& p = ins.params.kda;
     if (p.head_dim == 128)
-      encore::device::kda_body<128>(p, r, smem, wait);
+      kda::kda_body<128>(p, r, smem, wait);
     else
-      encore::device::kda_body<64>(p, r, smem, wait);
+      kda::kda_body<64>(p, r, smem, wait);
   } else if constexpr (kOp == Opcode::kMlaSched) {
     const ops::MlaSchedParams& p = ins.params.mla_sched;
-    ops::mla::mla_sched_body(p, r, smem, wait);
+    mla::mla_sched_body(p, r, smem, wait);
   } else if constexpr (kOp == Opcode::kMlaQAbsorb) {
     const ops::MlaQAbsorbParams& p = ins.params.mla_q_absorb;
-    ops::mla::mla_q_absorb_body(p, r, smem, wait);
+    mla::mla_q_absorb_body(p, r, smem, wait);
   } else if constexpr (kOp == Opcode::kMlaKvAppend) {
     const ops::MlaKvAppendParams& p = ins.params.mla_kv_append;
-    ops::mla::mla_kv_append_body(p, r, smem, wait);
+    mla::mla_kv_append_body(p, r, smem, wait);
   } else if constexpr (kOp == Opcode::kMlaSplitKv) {
     const SplitKvOp& op = ins.params.mla_splitkv;
-    ops::mla::mla_splitkv_body(op.p, op.pages, r, smem, wait);
+    mla::mla_splitkv_body(op.p, op.pages, r, smem, wait);
   } else if constexpr (kOp == Opcode::kMlaCombine) {
     const ops::MlaAttentionParams& p = ins.params.mla_combine;
-    ops::mla::mla_combine_body(p, r, smem, wait);
+    mla::mla_combine_body(p, r, smem, wait);
   } else if constexpr (kOp == Opcode::kMlaVUp) {
     const ops::MlaVUpParams& p = ins.params.mla_v_up;
-    ops::mla::mla_v_up_body(p, r, wait);
+    mla::mla_v_up_body(p, r, wait);
   } else if constexpr (kOp == Opcode::kRouterGemv) {
     const moe::RouterGemvParams& p = ins.params.router_gemv;
     moe::router_gemv_body(p, r, wait);

@@ -11,7 +11,7 @@
 #include "gemv/gemv_plan.h"
 #include "mla/mla_splitkv_layout.cuh"
 #include "mla/mla_tiles.cuh"
-#include "moe/moe_expert_tile.cuh"
+#include "moe/moe_work_list.cuh"
 #include "moe/moe_plan.h"
 
 namespace encore::pipeline::megakernel {
@@ -128,32 +128,32 @@ class Lowering {
       case StageKind::kKda: return kda(si, p.kda);
       case StageKind::kMlaSched: {
         const ops::MlaSchedParams& m = p.mla_sched;
-        Node& n = add(Opcode::kMlaSched, 1, si, "mla.sched", ops::mla::mla_sched_smem_bytes(m.num_seqs));
+        Node& n = add(Opcode::kMlaSched, 1, si, "mla.sched", mla::mla_sched_smem_bytes(m.batch));
         n.ins.params.mla_sched = m;
-        n.info.accesses = {bytes_of(m.sched_meta, std::size_t(m.num_parts) * ops::kMlaMetaInts * 4, true),
-                      bytes_of(m.num_splits, (std::size_t(m.num_seqs) + 1) * 4, true), bytes_of(m.error_flag, 4, true)};
+        n.info.accesses = {bytes_of(m.part_plans, std::size_t(m.num_parts) * ops::kMlaPartPlanInts * 4, true),
+                      bytes_of(m.num_splits, (std::size_t(m.batch) + 1) * 4, true), bytes_of(m.error_flag, 4, true)};
         return {};
       }
       case StageKind::kMlaQAbsorb: {
         const ops::MlaQAbsorbParams& q = p.mla_q_absorb;
-        Node& n = add(Opcode::kMlaQAbsorb, ops::mla_q_absorb_num_tiles(q), si, "mla.q_absorb", ops::mla::mla_q_absorb_smem_bytes());
+        Node& n = add(Opcode::kMlaQAbsorb, ops::mla_q_absorb_num_tiles(q), si, "mla.q_absorb", mla::mla_q_absorb_smem_bytes());
         n.ins.params.mla_q_absorb = q;
-        n.info.accesses = {rows_of(q.q, q.num_seqs, q.q_stride, std::int64_t(q.num_heads) * ops::kMlaQHeadDim, false),
-                      bytes_of(q.q576, std::size_t(q.num_seqs) * q.num_heads * ops::kMlaRowDim * 2, true)};
+        n.info.accesses = {rows_of(q.q, q.batch, q.q_stride, std::int64_t(q.num_heads) * ops::kMlaQHeadDim, false),
+                      bytes_of(q.q576, std::size_t(q.batch) * q.num_heads * ops::kMlaRowDim * 2, true)};
         return {};
       }
       case StageKind::kMlaKvAppend: {
         const ops::MlaKvAppendParams& a = p.mla_kv_append;
-        Node& n = add(Opcode::kMlaKvAppend, a.num_seqs, si, "mla.kv_append", ops::mla::mla_kv_append_smem_bytes());
+        Node& n = add(Opcode::kMlaKvAppend, a.batch, si, "mla.kv_append", mla::mla_kv_append_smem_bytes());
         n.ins.params.mla_kv_append = a;
-        n.info.accesses = {rows_of(a.kv_a, a.num_seqs, a.kv_a_stride, ops::kMlaRowDim, false), bytes_of(a.error_flag, 4, false),
+        n.info.accesses = {rows_of(a.kv_a, a.batch, a.kv_a_stride, ops::kMlaRowDim, false), bytes_of(a.error_flag, 4, false),
                       cache_of(a.cache, true)};
         return {};
       }
       case StageKind::kMlaSplitKv: return splitkv(si, p.mla_attention);
       case StageKind::kMlaCombine: {
         const ops::MlaAttentionParams& t = p.mla_attention;
-        Node& n = add(Opcode::kMlaCombine, ops::mla_combine_num_tiles(t), si, "mla.combine", ops::mla::mla_combine_smem_bytes(t.num_parts));
+        Node& n = add(Opcode::kMlaCombine, ops::mla_combine_num_tiles(t), si, "mla.combine", mla::mla_combine_smem_bytes(t.num_parts));
         n.ins.params.mla_combine = t;
         n.info.accesses = attention_accesses(t, false);
         return {};
@@ -162,8 +162,8 @@ class Lowering {
         const ops::MlaVUpParams& v = p.mla_v_up;
         Node& n = add(Opcode::kMlaVUp, ops::mla_v_up_num_tiles(v), si, "mla.v_up", 0);
         n.ins.params.mla_v_up = v;
-        n.info.accesses = {bytes_of(v.o_lat, std::size_t(v.num_seqs) * v.num_heads * ops::kMlaLatentDim * 4, false),
-                      bytes_of(v.out, std::size_t(v.num_seqs) * v.num_heads * ops::kMlaVHeadDim * 4, true)};
+        n.info.accesses = {bytes_of(v.o_lat, std::size_t(v.batch) * v.num_heads * ops::kMlaLatentDim * 4, false),
+                      bytes_of(v.out, std::size_t(v.batch) * v.num_heads * ops::kMlaVHeadDim * 4, true)};
         return {};
       }
       case StageKind::kMoeRouter: return router(si);
@@ -181,7 +181,7 @@ class Lowering {
     // bytes in flight as the launcher's two.
     const std::size_t budget = std::min(kGemvSmemBudget, body_smem());
     auto smem_of = [&](const gemv::GemvTileParams& q) { return gemv::GemvSmem(nullptr, q, plan.tokens, plan.matrices).bytes; };
-    for (plan.params.stages = gemv::kMaxStages; plan.params.stages > 2; --plan.params.stages)
+    for (plan.params.slots = gemv::kMaxSlots; plan.params.slots > 2; --plan.params.slots)
       if (smem_of(plan.params) <= budget) break;
     plan.smem = smem_of(plan.params);
     const gemv::GemvTileParams& g = plan.params;
@@ -223,11 +223,11 @@ class Lowering {
 
   // The split-KV outputs, and what split-KV (or the combine) reads of the plan and partials.
   static std::vector<Access> attention_accesses(const ops::MlaAttentionParams& t, bool splitkv) {
-    const std::size_t rows = std::size_t(t.num_seqs) * t.num_heads, parts = std::size_t(t.num_seqs + t.num_parts) * t.num_heads;
+    const std::size_t rows = std::size_t(t.batch) * t.num_heads, parts = std::size_t(t.batch + t.num_parts) * t.num_heads;
     std::vector<Access> a = {bytes_of(t.o_lat, rows * ops::kMlaLatentDim * 4, true), bytes_of(t.lse, rows * 4, true),
                              bytes_of(t.partial_o, parts * ops::kMlaLatentDim * 4, splitkv),
                              bytes_of(t.partial_lse, parts * 4, splitkv),
-                             bytes_of(t.num_splits, (std::size_t(t.num_seqs) + 1) * 4, false, splitkv),
+                             bytes_of(t.num_splits, (std::size_t(t.batch) + 1) * 4, false, splitkv),
                              bytes_of(t.error_flag, 4, false)};
     return a;
   }
@@ -235,13 +235,13 @@ class Lowering {
   Status splitkv(int si, const ops::MlaAttentionParams& t) {
     ENCORE_REQUIRE(t.counters == nullptr, StatusCode::kUnsupported, "megakernel: stage ", si,
                    ": the fused split-KV combine is not an instruction (run split-KV and the combine)");
-    Node& n = add(Opcode::kMlaSplitKv, ops::mla_splitkv_num_tiles(t), si, "mla.splitkv", ops::mla::mla_splitkv_smem_bytes());
+    Node& n = add(Opcode::kMlaSplitKv, ops::mla_splitkv_num_tiles(t), si, "mla.splitkv", mla::mla_splitkv_smem_bytes());
     const ops::MlaPagedCache cache = t.cache;
-    const int slot = take_map_slots(1, [cache](CUtensorMap* m) { return ops::mla::encode_pages_map(cache, m); });
+    const int slot = take_map_slots(1, [cache](CUtensorMap* m) { return mla::encode_pages_map(cache, m); });
     n.ins.params.mla_splitkv = {t, map_table_ + slot};
     n.info.accesses = attention_accesses(t, true);
-    n.info.accesses.push_back(bytes_of(t.sched_meta, std::size_t(t.num_parts) * ops::kMlaMetaInts * 4, false, t.plan_settled));
-    n.info.accesses.push_back(bytes_of(t.q576, std::size_t(t.num_seqs) * t.num_heads * ops::kMlaRowDim * 2, false));
+    n.info.accesses.push_back(bytes_of(t.part_plans, std::size_t(t.num_parts) * ops::kMlaPartPlanInts * 4, false, t.plan_settled));
+    n.info.accesses.push_back(bytes_of(t.q576, std::size_t(t.batch) * t.num_heads * ops::kMlaRowDim * 2, false));
     n.info.accesses.push_back(cache_of(t.cache, false));
     return {};
   }

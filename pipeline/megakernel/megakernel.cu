@@ -8,7 +8,8 @@
 #include <vector>
 
 #include "common/cuda_check.h"
-#include "common/launch.cuh"
+#include "common/block.h"
+#include "common/launch.h"
 #include "pipeline/megakernel/kernel.h"
 #include "pipeline/megakernel/lower.h"
 #include "pipeline/megakernel/program.cuh"

@@ -34,23 +34,23 @@ void check_plan(const std::vector<std::int32_t>& lens, int parts, int overhead) 
   for (int b = 0; b < n; ++b) total += int(covered[b].size()) + overhead;
   const int unit = mla::plan_unit(total, parts);
   for (int part = 0; part < parts; ++part) {
-    const std::int32_t* m = &s.meta[std::size_t(part) * kMlaMetaInts];
-    if (m[0] < 0) continue;  // no work (only overhead units, or past the end)
-    ASSERT_LE(m[0], m[1]);
+    const ops::MlaPartPlan& m = s.parts[std::size_t(part)];
+    if (m.begin_req < 0) continue;  // no work (only overhead units, or past the end)
+    ASSERT_LE(m.begin_req, m.end_req);
     // Balance: pages plus the overhead of the requests it starts stay within one unit.
     int work = 0;
-    for (int b = m[0]; b <= m[1]; ++b) {
-      const int p0 = b == m[0] ? m[2] : 0, p1 = b == m[1] ? m[3] : int(covered[b].size());
+    for (int b = m.begin_req; b <= m.end_req; ++b) {
+      const int p0 = b == m.begin_req ? m.begin_page : 0, p1 = b == m.end_req ? m.end_page : int(covered[b].size());
       work += p1 - p0 + (p0 == 0 ? overhead : 0);
     }
     ASSERT_LE(work, unit + overhead) << "part " << part;
-    for (int b = m[0]; b <= m[1]; ++b) {
+    for (int b = m.begin_req; b <= m.end_req; ++b) {
       const int pages = int(covered[b].size());
-      const int p0 = b == m[0] ? m[2] : 0, p1 = b == m[1] ? m[3] : pages;
+      const int p0 = b == m.begin_req ? m.begin_page : 0, p1 = b == m.end_req ? m.end_page : pages;
       ASSERT_LT(p0, p1) << "empty range, part " << part;
       ASSERT_LE(p1, pages);
       for (int pg = p0; pg < p1; ++pg) covered[b][pg]++;
-      split_seen[b].push_back(b == m[0] ? m[4] : 0);
+      split_seen[b].push_back(b == m.begin_req ? m.begin_split : 0);
     }
   }
   for (int b = 0; b < n; ++b) {
@@ -89,12 +89,13 @@ TEST(MlaSchedCpu, ClosedFormEqualsPageWalk) {
     std::vector<int> start(n + 1, 0);
     for (int b = 0; b < n; ++b) start[b + 1] = start[b] + mla::plan_pages(lens[b], 1 << 30) + overhead;
     const int unit = mla::plan_unit(start[n], parts);
-    std::vector<std::int32_t> meta(want.meta.size(), 12345), splits(n + 1, 0);
+    std::vector<ops::MlaPartPlan> plans(want.parts.size());
+    std::vector<std::int32_t> splits(n + 1, 0);
     for (int b = 0; b < n; ++b)
       splits[b + 1] = splits[b] + mla::plan_request_splits(start[b], int(start[b + 1] - start[b] - overhead), overhead, unit);
     for (int k = 0; k < parts; ++k)
-      mla::plan_part(k, n, overhead, unit, [&](int b) { return start[b]; }, &meta[std::size_t(k) * kMlaMetaInts]);
-    ASSERT_EQ(meta, want.meta) << "N=" << n << " P=" << parts << " C=" << overhead;
+      mla::plan_part(k, n, overhead, unit, [&](int b) { return start[b]; }, plans[std::size_t(k)]);
+    ASSERT_TRUE(plans == want.parts) << "N=" << n << " P=" << parts << " C=" << overhead;
     ASSERT_EQ(splits, want.num_splits) << "N=" << n << " P=" << parts << " C=" << overhead;
   };
   for (int parts : {1, 2, 5, 33, 66, 132}) {
@@ -121,7 +122,7 @@ TEST(MlaSchedCpu, SpecExampleAndDeterminism) {
   EXPECT_EQ(s.num_splits[1], 64);
   const ref::MlaSchedule s1 = ref::mla_sched({4096}, 1, 5);
   EXPECT_EQ(s1.num_splits[1], 1);
-  EXPECT_EQ(s.meta, ref::mla_sched({4096}, 132, 5).meta);
+  EXPECT_TRUE(s.parts == ref::mla_sched({4096}, 132, 5).parts);
   // 128 requests of 8K over 132 parts: every part gets ceil(128 * 133 / 132) = 129 units.
   const ref::MlaSchedule big = ref::mla_sched(std::vector<std::int32_t>(128, 8192), 132, 5);
   EXPECT_LE(big.num_splits[128], 128 + 131);
@@ -199,10 +200,10 @@ MlaAttentionParams good_attention() {
   p.cache.block_table_stride = 8;
   p.cache.max_pages_per_seq = 8;
   p.seq_lens = fake<const std::int32_t>(0x210000);
-  p.sched_meta = fake<const std::int32_t>(0x220000);
+  p.part_plans = fake<const ops::MlaPartPlan>(0x220000);
   p.num_splits = fake<const std::int32_t>(0x230000);
   p.error_flag = fake<std::int32_t>(0x240000);
-  p.num_seqs = 2;
+  p.batch = 2;
   p.num_heads = 32;
   p.num_parts = 4;
   p.o_lat = fake<float>(0x1000000);
@@ -227,7 +228,7 @@ TEST(MlaValidationCpu, AttentionRejectsBadInputBeforeLaunch) {
   { auto p = good_attention(); p.cache.max_pages_per_seq = 9; expect(p, StatusCode::kOutOfRange); }
   { auto p = good_attention(); p.cache.num_pages = 0; expect(p, StatusCode::kInvalidArgument); }
   { auto p = good_attention(); p.softmax_scale = 0.f; expect(p, StatusCode::kInvalidArgument); }
-  { auto p = good_attention(); p.num_seqs = 0; expect(p, StatusCode::kInvalidArgument); }
+  { auto p = good_attention(); p.batch = 0; expect(p, StatusCode::kInvalidArgument); }
   { auto p = good_attention(); p.lse = p.o_lat + 100; expect(p, StatusCode::kOverlap); }
   { auto p = good_attention(); p.partial_o = fake<float>(0x10000000); expect(p, StatusCode::kOverlap); }  // on the cache
   { auto p = good_attention(); p.counters = fake<std::int32_t>(0x250002); expect(p, StatusCode::kMisaligned); }
@@ -243,9 +244,9 @@ TEST(MlaValidationCpu, OtherLaunchersRejectBadInput) {
   s.cache.num_pages = 4;
   s.cache.block_table_stride = 4;
   s.cache.max_pages_per_seq = 4;
-  s.num_seqs = 1;
+  s.batch = 1;
   s.num_parts = 1;
-  s.sched_meta = fake<std::int32_t>(0x3000);
+  s.part_plans = fake<ops::MlaPartPlan>(0x3000);
   s.num_splits = fake<std::int32_t>(0x4000);
   s.error_flag = fake<std::int32_t>(0x5000);
   EXPECT_TRUE(mla_validate(s).ok()) << mla_validate(s).to_string();
@@ -261,7 +262,7 @@ TEST(MlaValidationCpu, OtherLaunchersRejectBadInput) {
   a.seq_lens = fake<const std::int32_t>(0x40000);
   a.cache = s.cache;
   a.cache.pages = fake<__nv_bfloat16>(0x1000000);
-  a.num_seqs = 1;
+  a.batch = 1;
   a.error_flag = fake<const std::int32_t>(0x50000);
   EXPECT_TRUE(mla_validate(a).ok()) << mla_validate(a).to_string();
   { auto p = a; p.cache.block_table = nullptr; EXPECT_EQ(mla_kv_append(p, nullptr).code(), StatusCode::kNullPointer); }
@@ -275,7 +276,7 @@ TEST(MlaValidationCpu, OtherLaunchersRejectBadInput) {
   q.kv_b = fake<const __nv_bfloat16>(0x1000000);
   q.positions = fake<const std::int32_t>(0x200000);
   q.q576 = fake<__nv_bfloat16>(0x4000000);
-  q.num_seqs = 2;
+  q.batch = 2;
   q.num_heads = 16;
   q.q_stride = 16 * 192;
   EXPECT_TRUE(mla_validate(q).ok()) << mla_validate(q).to_string();
@@ -287,7 +288,7 @@ TEST(MlaValidationCpu, OtherLaunchersRejectBadInput) {
   v.o_lat = fake<const float>(0x100000);
   v.kv_b = fake<const __nv_bfloat16>(0x1000000);
   v.out = fake<float>(0x4000000);
-  v.num_seqs = 1;
+  v.batch = 1;
   v.num_heads = 128;
   EXPECT_TRUE(mla_validate(v).ok()) << mla_validate(v).to_string();
   { auto p = v; p.num_heads = 4; EXPECT_EQ(mla_v_up(p, nullptr).code(), StatusCode::kUnsupported); }

@@ -38,7 +38,8 @@ struct MlaRig {
   std::vector<std::int32_t> lens, positions, table;
   std::vector<float> q, kv_a, norm_w, kv_b_f;
   std::vector<bf16> kv_b, pool;
-  test::DeviceBuffer<std::int32_t> d_lens, d_pos, d_table, d_meta, d_splits, d_flag, d_counters;
+  test::DeviceBuffer<std::int32_t> d_lens, d_pos, d_table, d_splits, d_flag, d_counters;
+  test::DeviceBuffer<ops::MlaPartPlan> d_plans;
   bool fused = true;  // hand counters to mla_attention (its one-kernel path where it applies)
   bool settled = false;  // MlaAttentionParams::plan_settled (enqueue runs a decode step's order)
   test::DeviceBuffer<float> d_q, d_kv_a, d_norm, d_olat, d_lse, d_po, d_plse, d_out;
@@ -86,7 +87,7 @@ struct MlaRig {
     d_kv_b = test::DeviceBuffer<bf16>(kv_b);
     d_lens = test::DeviceBuffer<std::int32_t>(n);
     d_pos = test::DeviceBuffer<std::int32_t>(n);
-    d_meta = test::DeviceBuffer<std::int32_t>(std::size_t(parts) * kMlaMetaInts);
+    d_plans = test::DeviceBuffer<ops::MlaPartPlan>(std::size_t(parts));
     d_splits = test::DeviceBuffer<std::int32_t>(n + 1);
     d_flag = test::DeviceBuffer<std::int32_t>(1);
     d_q576 = test::DeviceBuffer<bf16>(std::size_t(n) * heads * kMlaRowDim);
@@ -109,7 +110,7 @@ struct MlaRig {
   void poison_outputs() {
     for (auto* b : {&d_olat, &d_lse, &d_po, &d_plse, &d_out}) b->poison();
     d_q576.poison();
-    d_meta.poison();
+    d_plans.poison();
     d_splits.poison();
     d_flag.poison();
   }
@@ -128,9 +129,9 @@ struct MlaRig {
     p.seq_lens = d_lens.get();
     p.positions = d_pos.get();
     p.cache = cache();
-    p.num_seqs = n;
+    p.batch = n;
     p.num_parts = parts;
-    p.sched_meta = d_meta.get();
+    p.part_plans = d_plans.get();
     p.num_splits = d_splits.get();
     p.error_flag = d_flag.get();
     return p;
@@ -142,7 +143,7 @@ struct MlaRig {
     p.positions = d_pos.get();
     p.seq_lens = d_lens.get();
     p.cache = cache();
-    p.num_seqs = n;
+    p.batch = n;
     p.rope = rope;
     p.error_flag = d_flag.get();
     return p;
@@ -152,10 +153,10 @@ struct MlaRig {
     p.q576 = d_q576.get();
     p.cache = cache();
     p.seq_lens = d_lens.get();
-    p.sched_meta = d_meta.get();
+    p.part_plans = d_plans.get();
     p.num_splits = d_splits.get();
     p.error_flag = d_flag.get();
-    p.num_seqs = n;
+    p.batch = n;
     p.num_heads = heads;
     p.num_parts = parts;
     p.softmax_scale = scale;
@@ -175,7 +176,7 @@ struct MlaRig {
     qa.q_stride = std::int64_t(heads) * kMlaQHeadDim;
     qa.kv_b = d_kv_b.get();
     qa.positions = d_pos.get();
-    qa.num_seqs = n;
+    qa.batch = n;
     qa.num_heads = heads;
     qa.rope = rope;
     qa.q576 = d_q576.get();
@@ -185,7 +186,7 @@ struct MlaRig {
     MlaVUpParams vu;
     vu.o_lat = d_olat.get();
     vu.kv_b = d_kv_b.get();
-    vu.num_seqs = n;
+    vu.batch = n;
     vu.num_heads = heads;
     vu.out = d_out.get();
     return mla_v_up(vu, stream);
@@ -215,7 +216,7 @@ struct MlaRig {
     expect_counters_zero();
     // Scheduler: bit-identical to the CPU plan.
     const ref::MlaSchedule plan = ref::mla_sched(lens, parts, kMlaDefaultFixedOverhead);
-    EXPECT_EQ(d_meta.download(), plan.meta) << "scheduler meta differs from the CPU plan";
+    EXPECT_TRUE(d_plans.download() == plan.parts) << "scheduler plan differs from the CPU plan";
     EXPECT_EQ(d_splits.download(), plan.num_splits) << "num_splits differs from the CPU plan";
 
     std::vector<bf16> dev_pool = d_pool.download();

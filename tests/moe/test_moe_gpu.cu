@@ -450,7 +450,7 @@ TEST(MoeExpertsGpu, SmallE8K2MatchesReference) {
   ENCORE_REQUIRE_GPU();
   const auto seed = test::fresh_seed();
   SCOPED_TRACE(seed);
-  ExpertModel m({8, 1, 2, 1024, 768}, seed);  // inter 768: down rows of 3 blocks (one stage of 3)
+  ExpertModel m({8, 1, 2, 1024, 768}, seed);  // inter 768: down rows of 3 blocks (one slot of 3)
   for (int batch : {1, 4, 32, 64}) check_against_reference(m, batch, true);
   check_against_reference(m, 37, true, "skewed");
   std::vector<int> all(64);
@@ -458,9 +458,9 @@ TEST(MoeExpertsGpu, SmallE8K2MatchesReference) {
   check_batch_invariance(m, 64, all);
   ExpertModel no_shared({8, 0, 2, 512, 256}, seed + 1);
   for (int batch : {1, 2, 7, 8, 9, 31, 32, 33, 64}) check_against_reference(no_shared, batch, true);
-  // Wider shapes: hidden 3072 and 5120 (12 and 20 K blocks: 3 and 5 gate/up stages of 4 per item,
+  // Wider shapes: hidden 3072 and 5120 (12 and 20 K blocks: 3 and 5 gate/up slots of 4 per item,
   // fewer entries per pass where the streams need the shared memory), down width 2048 (8 K blocks:
-  // two down stages per item).
+  // two down slots per item).
   ExpertModel wide({8, 1, 2, 3072, 256}, seed + 2);
   for (int batch : {1, 9}) check_against_reference(wide, batch, true);
   ExpertModel wider({8, 1, 2, 5120, 2048}, seed + 3);

@@ -363,7 +363,7 @@ TEST(MoeExpertsPlan, InBlockListOnlyWhereEveryGateUpBlockGetsOneItem) {
   };
   // Kimi-Linear (256 + 1 experts, top-8, 2304 x 1024): at B = 1, 9 passes x 32 row groups = 288
   // gate/up items and 9 x 36 row chunks = 324 down items, one per block at 3 blocks per SM (the
-  // down ring one stage deep: a block has one stage of work); from B = 2 the passes no longer fit
+  // down ring one slot deep: a block has one slot of work); from B = 2 the passes no longer fit
   // one item per block.
   const ops::MoeExpertsPlan kimi = plan(256, 1, 8, 2304, 1024, 1);
   EXPECT_TRUE(kimi.in_block_list);
@@ -371,8 +371,8 @@ TEST(MoeExpertsPlan, InBlockListOnlyWhereEveryGateUpBlockGetsOneItem) {
   EXPECT_EQ(kimi.tokens_per_pass, 1);
   EXPECT_EQ(kimi.gate_up_grid, 288);
   EXPECT_EQ(kimi.down_grid, 324);
-  EXPECT_EQ(kimi.gate_up_stages, 2);
-  EXPECT_EQ(kimi.down_stages, 1);
+  EXPECT_EQ(kimi.gate_up_slots, 2);
+  EXPECT_EQ(kimi.down_slots, 1);
   for (const int batch : {2, 4, 8, 32, 64}) {
     SCOPED_TRACE(batch);
     const ops::MoeExpertsPlan general = plan(256, 1, 8, 2304, 1024, batch);

@@ -49,7 +49,7 @@ TEST(BufferLayout, KimiShapesAndWorkspaces) {
   EXPECT_EQ(dims("mla.q576"), (D{16, 32, 576}));
   EXPECT_EQ(dims("mla.partial_o"), (D{16 + 132, 32, 512}));
   EXPECT_EQ(dims("mla.partial_lse"), (D{16 + 132, 32}));
-  EXPECT_EQ(dims("mla.sched_meta"), (D{132, 8}));
+  EXPECT_EQ(dims("mla.part_plans"), (D{132, 8}));
   EXPECT_EQ(dims("mla.num_splits"), (D{17}));
   EXPECT_EQ(dims("mla.v_out"), (D{16, 4096}));
   EXPECT_EQ(dims("mlp.mid"), (D{16, 9216}));

@@ -165,7 +165,7 @@ std::vector<const void*> pointers(const Stage& s) {
     }
     case StageKind::kMlaSched: {
       const auto& m = p.mla_sched;
-      return {m.seq_lens, m.positions, m.cache.pages, m.cache.block_table, m.sched_meta, m.num_splits, m.error_flag};
+      return {m.seq_lens, m.positions, m.cache.pages, m.cache.block_table, m.part_plans, m.num_splits, m.error_flag};
     }
     case StageKind::kMlaQAbsorb: return {p.mla_q_absorb.q, p.mla_q_absorb.kv_b, p.mla_q_absorb.positions, p.mla_q_absorb.q576};
     case StageKind::kMlaKvAppend: {
@@ -175,7 +175,7 @@ std::vector<const void*> pointers(const Stage& s) {
     case StageKind::kMlaSplitKv:
     case StageKind::kMlaCombine: {
       const auto& t = p.mla_attention;
-      return {t.q576, t.cache.pages, t.cache.block_table, t.seq_lens, t.sched_meta, t.num_splits, t.error_flag,
+      return {t.q576, t.cache.pages, t.cache.block_table, t.seq_lens, t.part_plans, t.num_splits, t.error_flag,
               t.o_lat, t.lse, t.partial_o, t.partial_lse};
     }
     case StageKind::kMlaVUp: return {p.mla_v_up.o_lat, p.mla_v_up.kv_b, p.mla_v_up.out};
@@ -313,7 +313,7 @@ TEST(StageList, SmallerBatchKeepsMaxBatchSizing) {
       EXPECT_EQ(s.params.moe_experts.max_batch, 16);  // the workspace is sized for 16
     }
     if (s.kind == StageKind::kKda) EXPECT_EQ(s.params.kda.batch, 3);
-    if (s.kind == StageKind::kMlaSplitKv) EXPECT_EQ(s.params.mla_attention.num_seqs, 3);
+    if (s.kind == StageKind::kMlaSplitKv) EXPECT_EQ(s.params.mla_attention.batch, 3);
   }
 }
 

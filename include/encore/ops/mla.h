@@ -35,9 +35,8 @@ inline constexpr int kMlaNopeDim = 128;     // d_n: q_nope per head
 inline constexpr int kMlaQHeadDim = 192;    // q per head = [q_nope 128 | q_pe 64]
 inline constexpr int kMlaVHeadDim = 128;    // d_v per head
 inline constexpr int kMlaKvbRowsPerHead = 256;  // kv_b_proj rows per head: W_UK (128) then W_UV (128)
-inline constexpr int kMlaMetaInts = 8;      // int32 per scheduler part
 inline constexpr int kMlaDefaultFixedOverhead = 5;  // C of docs/mla.md §7, in pages
-inline constexpr int kMlaMaxSeqs = 8192;    // scheduler keeps per-request pages in shared memory
+inline constexpr int kMlaMaxBatch = 8192;    // scheduler keeps per-request pages in shared memory
 
 // Bits of *error_flag (0 = step is clean).
 enum MlaError : std::int32_t {
@@ -70,21 +69,41 @@ inline constexpr float kMlaScaleDeepSeekV3 = 0.13523377f;         // 192^-0.5 * 
 struct MlaPagedCache {
   __nv_bfloat16* pages = nullptr;        // [num_pages][64][576]
   int num_pages = 0;
-  const std::int32_t* block_table = nullptr;  // [num_seqs][block_table_stride]
+  const std::int32_t* block_table = nullptr;  // [batch][block_table_stride]
   int block_table_stride = 0;            // int32 per table row
   int max_pages_per_seq = 0;             // usable entries per row (<= stride): capacity = 64 * this
 };
 
 // ---- scheduler -------------------------------------------------------------------------------
+// One scheduler part's share of a step (docs/mla.md §7): pages [begin_page, ...) of request
+// begin_req through pages [..., end_page) of request end_req.
+struct MlaPartPlan {
+  std::int32_t begin_req = -1;     // -1: the part has no work
+  std::int32_t end_req = 0;        // inclusive
+  std::int32_t begin_page = 0;     // first page of begin_req (inclusive)
+  std::int32_t end_page = 0;       // end page of end_req (exclusive)
+  std::int32_t begin_split = 0;    // the split of begin_req this part computes
+  std::int32_t first_is_split = 0; // begin_req has more than one split
+  std::int32_t last_is_split = 0;  // end_req has more than one split
+  std::int32_t unused = 0;         // pads the record to 32 bytes
+};
+static_assert(sizeof(MlaPartPlan) == 32, "a part plan is 8 int32");
+inline constexpr int kMlaPartPlanInts = int(sizeof(MlaPartPlan) / sizeof(std::int32_t));
+inline bool operator==(const MlaPartPlan& a, const MlaPartPlan& b) {
+  return a.begin_req == b.begin_req && a.end_req == b.end_req && a.begin_page == b.begin_page && a.end_page == b.end_page &&
+         a.begin_split == b.begin_split && a.first_is_split == b.first_is_split && a.last_is_split == b.last_is_split &&
+         a.unused == b.unused;
+}
+
 struct MlaSchedParams {
-  const std::int32_t* seq_lens = nullptr;   // [num_seqs], 0 = pad row
-  const std::int32_t* positions = nullptr;  // [num_seqs] or null: then not checked
+  const std::int32_t* seq_lens = nullptr;   // [batch], 0 = pad row
+  const std::int32_t* positions = nullptr;  // [batch] or null: then not checked
   MlaPagedCache cache;                      // block table and capacities (pages not touched)
-  int num_seqs = 0;
+  int batch = 0;
   int num_parts = 0;                        // P: mla_num_parts(num_heads), or 1 to force one split
   int fixed_overhead = kMlaDefaultFixedOverhead;
-  std::int32_t* sched_meta = nullptr;       // [num_parts][8] out
-  std::int32_t* num_splits = nullptr;       // [num_seqs + 1] out: prefix sums of splits
+  MlaPartPlan* part_plans = nullptr;        // [num_parts] out
+  std::int32_t* num_splits = nullptr;       // [batch + 1] out: prefix sums of splits
   std::int32_t* error_flag = nullptr;       // [1] out: MlaError bits
 };
 // P = max(SMs / head groups, 1); head groups of 32 query rows each.
@@ -93,14 +112,14 @@ Status mla_sched(const MlaSchedParams& p, cudaStream_t stream);
 
 // ---- cache append ----------------------------------------------------------------------------
 struct MlaKvAppendParams {
-  const float* kv_a = nullptr;              // [num_seqs][kv_a_stride]: c (512) then k_pe (64)
+  const float* kv_a = nullptr;              // [batch][kv_a_stride]: c (512) then k_pe (64)
   std::int64_t kv_a_stride = kMlaRowDim;
   const float* norm_weight = nullptr;       // [512] kv_a_layernorm
   float eps = 1e-5f;
-  const std::int32_t* positions = nullptr;  // [num_seqs]
-  const std::int32_t* seq_lens = nullptr;   // [num_seqs]: 0 = pad row, nothing appended
+  const std::int32_t* positions = nullptr;  // [batch]
+  const std::int32_t* seq_lens = nullptr;   // [batch]: 0 = pad row, nothing appended
   MlaPagedCache cache;
-  int num_seqs = 0;
+  int batch = 0;
   MlaRope rope;
   const std::int32_t* error_flag = nullptr;  // [1] from mla_sched: nonzero -> nothing written
 };
@@ -108,39 +127,39 @@ Status mla_kv_append(const MlaKvAppendParams& p, cudaStream_t stream);
 
 // ---- q absorption ----------------------------------------------------------------------------
 struct MlaQAbsorbParams {
-  const float* q = nullptr;                 // [num_seqs][q_stride]: per head [q_nope 128 | q_pe 64]
+  const float* q = nullptr;                 // [batch][q_stride]: per head [q_nope 128 | q_pe 64]
   std::int64_t q_stride = 0;                // >= num_heads * 192
   const __nv_bfloat16* kv_b = nullptr;      // [num_heads][256][512]: W_UK rows 0..127, W_UV 128..255
-  const std::int32_t* positions = nullptr;  // [num_seqs]
-  int num_seqs = 0;
+  const std::int32_t* positions = nullptr;  // [batch]
+  int batch = 0;
   int num_heads = 0;
   MlaRope rope;
-  __nv_bfloat16* q576 = nullptr;            // [num_seqs][num_heads][576] out
+  __nv_bfloat16* q576 = nullptr;            // [batch][num_heads][576] out
 };
 int mla_q_absorb_num_tiles(const MlaQAbsorbParams& p);
 Status mla_q_absorb(const MlaQAbsorbParams& p, cudaStream_t stream);
 
 // ---- attention (split-KV + combine) -------------------------------------------------------------
 struct MlaAttentionParams {
-  const __nv_bfloat16* q576 = nullptr;      // [num_seqs][num_heads][576]
+  const __nv_bfloat16* q576 = nullptr;      // [batch][num_heads][576]
   MlaPagedCache cache;                      // read only
-  const std::int32_t* seq_lens = nullptr;   // [num_seqs]
-  const std::int32_t* sched_meta = nullptr; // [num_parts][8] from mla_sched
-  const std::int32_t* num_splits = nullptr; // [num_seqs + 1] from mla_sched
+  const std::int32_t* seq_lens = nullptr;   // [batch]
+  const MlaPartPlan* part_plans = nullptr;  // [num_parts] from mla_sched
+  const std::int32_t* num_splits = nullptr; // [batch + 1] from mla_sched
   std::int32_t* error_flag = nullptr;       // [1] from mla_sched; split-KV ORs in kMlaErrorPageId
-  int num_seqs = 0;
+  int batch = 0;
   int num_heads = 0;
   int num_parts = 0;                        // the value given to mla_sched
   float softmax_scale = kMlaScaleKimi;
-  float* o_lat = nullptr;                   // [num_seqs][num_heads][512] out
-  float* lse = nullptr;                     // [num_seqs][num_heads] out, natural log; +inf: no keys
-  float* partial_o = nullptr;               // [num_seqs + num_parts][num_heads][512] workspace
-  float* partial_lse = nullptr;             // [num_seqs + num_parts][num_heads] workspace
-  // Optional [num_seqs][ceil(num_heads / 32)] int32, zero-filled once by the caller; every call
+  float* o_lat = nullptr;                   // [batch][num_heads][512] out
+  float* lse = nullptr;                     // [batch][num_heads] out, natural log; +inf: no keys
+  float* partial_o = nullptr;               // [batch + num_parts][num_heads][512] workspace
+  float* partial_lse = nullptr;             // [batch + num_parts][num_heads] workspace
+  // Optional [batch][ceil(num_heads / 32)] int32, zero-filled once by the caller; every call
   // leaves them zero again. Given to mla_attention, it runs one kernel: the split-KV tiles of a
   // split request meet on its counter and merge the partials themselves (see mla_attention).
   std::int32_t* counters = nullptr;
-  // The plan (sched_meta, num_splits, error_flag), seq_lens, the block table and every cache row
+  // The plan (part_plans, num_splits, error_flag), seq_lens, the block table and every cache row
   // but each request's newest were complete before the previous kernel in the stream started (a
   // decode step: mla_sched and the step's inputs come first, and the newest row is the one
   // mla_kv_append writes). Each split-KV tile then reads its plan and starts copying its first
@@ -166,11 +185,11 @@ bool mla_attention_fused(const MlaAttentionParams& p);
 
 // ---- V up-projection -------------------------------------------------------------------------
 struct MlaVUpParams {
-  const float* o_lat = nullptr;             // [num_seqs][num_heads][512]
+  const float* o_lat = nullptr;             // [batch][num_heads][512]
   const __nv_bfloat16* kv_b = nullptr;      // [num_heads][256][512]: W_UV = rows 128..255
-  int num_seqs = 0;
+  int batch = 0;
   int num_heads = 0;
-  float* out = nullptr;                     // [num_seqs][num_heads * 128] out
+  float* out = nullptr;                     // [batch][num_heads * 128] out
 };
 int mla_v_up_num_tiles(const MlaVUpParams& p);
 Status mla_v_up(const MlaVUpParams& p, cudaStream_t stream);

@@ -149,7 +149,7 @@ struct MoeExpertsPlan {
   int blocks_per_sm = 0;       // of both stream kernels (gate/up, down)
   int gate_up_grid = 0, down_grid = 0;
   int tokens_per_pass = 0;
-  int gate_up_stages = 0, down_stages = 0;  // ring buffers per warp
+  int gate_up_slots = 0, down_slots = 0;  // ring buffers per warp
 };
 Status moe_experts_plan(const MoeExpertsParams& p, MoeExpertsPlan* plan, int sm_count = 0, std::size_t smem_per_block = 0);
 // The launcher's argument checks alone, without a device or a launch.

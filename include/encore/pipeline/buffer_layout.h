@@ -10,7 +10,7 @@
 //   kda.y              fp32 [B][H*V]
 //   mla.proj           fp32 [B][mla_proj_stride]   [q (or q_a) | kv_a]
 //   mla.q              fp32 [B][H*192]    q LoRA configs only: q_b output
-//   mla.q576 bf16, mla.o_lat, mla.lse, mla.partial_o, mla.partial_lse, mla.sched_meta,
+//   mla.q576 bf16, mla.o_lat, mla.lse, mla.partial_o, mla.partial_lse, mla.part_plans,
 //   mla.num_splits, mla.v_out            shapes as in ops/mla.h (partials: B + num_parts rows)
 //   mlp.mid            fp32 [B][dense_width]   dense layers only
 //   moe.router_ws, moe.experts_ws        sized by the MoE op's own workspace queries

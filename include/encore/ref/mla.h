@@ -9,10 +9,10 @@
 
 namespace encore::ref {
 
-// Split-KV plan (docs/mla.md §7, tape form of mla_plan.h) for the given lengths: meta [num_parts][8],
+// Split-KV plan (docs/mla.md §7, tape form of mla_plan.h) for the given lengths: parts [num_parts],
 // num_splits [N + 1]. Computed page by page, independently of the kernel's closed form.
 struct MlaSchedule {
-  std::vector<std::int32_t> meta;
+  std::vector<ops::MlaPartPlan> parts;
   std::vector<std::int32_t> num_splits;
 };
 MlaSchedule mla_sched(const std::vector<std::int32_t>& seq_lens, int num_parts,

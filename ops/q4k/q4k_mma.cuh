@@ -1,7 +1,7 @@
 // Int8 tensor-core core of the Q4_K GEMV for 5..16 tokens (docs/q4k.md §9): one
 // mma.sync.m16n8k32 per sub-block, A = the 4-bit codes of 16 weight rows, B = the int8 codes of 8
 // tokens, exact int32 dots; the sub-block scales and mins are applied in fp32 afterwards by the
-// dp4a core's own per-pair expression (stream::pair_term).
+// dp4a core's own per-pair expression (q4k::pair_term).
 //
 // k order: a lane (group g = lane / 4, t = lane % 4) reads 8 contiguous bytes at offset 8t of a
 // 32-byte qs chunk and gives bytes 8t..8t+3 the mma's k slots 4t..4t+3 and bytes 8t+4..8t+7 the
@@ -11,9 +11,9 @@
 
 #include <cstdint>
 
-#include "gemv/q4k_stream.cuh"
+#include "q4k/q4k_stream.cuh"
 
-namespace encore::gemv::mma {
+namespace encore::q4k {
 
 // c = A (16 x 32, s8, row-major) * B (32 x 8, s8, column-major), int32, fresh accumulators.
 __device__ __forceinline__ void mma_s8_16832(int (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
@@ -30,8 +30,8 @@ struct PairFragments {
   std::uint32_t lo[4], hi[4];
 };
 __device__ __forceinline__ PairFragments pair_fragments(const uint2 w0, const uint2 w1) {
-  using q4k::device::high_nibbles;
-  using q4k::device::low_nibbles;
+  using q4k::high_nibbles;
+  using q4k::low_nibbles;
   return {{std::uint32_t(low_nibbles(w0.x)), std::uint32_t(low_nibbles(w1.x)), std::uint32_t(low_nibbles(w0.y)),
            std::uint32_t(low_nibbles(w1.y))},
           {std::uint32_t(high_nibbles(w0.x)), std::uint32_t(high_nibbles(w1.x)), std::uint32_t(high_nibbles(w0.y)),
@@ -39,9 +39,9 @@ __device__ __forceinline__ PairFragments pair_fragments(const uint2 w0, const ui
 }
 
 // The scale/min pair p of the group's row held by lane `src` (each lane decodes its own pair).
-__device__ __forceinline__ q4k::device::SubBlockPair shuffle_pair(const q4k::device::SubBlockPair& mine, int src) {
+__device__ __forceinline__ q4k::SubBlockPair shuffle_pair(const q4k::SubBlockPair& mine, int src) {
   return {__shfl_sync(0xFFFFFFFFu, mine.scale_lo, src), __shfl_sync(0xFFFFFFFFu, mine.scale_hi, src),
           __shfl_sync(0xFFFFFFFFu, mine.min_lo, src), __shfl_sync(0xFFFFFFFFu, mine.min_hi, src)};
 }
 
-}  // namespace encore::gemv::mma
+}  // namespace encore::q4k

@@ -1,6 +1,5 @@
-// Device pieces of the expert stage (docs/moe.md §4-§7) besides the streaming bodies
-// (moe_expert_stream.cuh): the work list, the activation quantiser for the expert input, the
-// sub-block quantiser of silu(g)*u and the ordered combine.
+// The expert stage's work list and input (docs/moe.md §4-§5): the parameters every expert body
+// shares, the work list, and the quantiser of the experts' input.
 //   build_work_list: from ids[batch][k]: entries grouped by expert in ascending id, tokens
 //                  ascending inside an expert, shared experts appended as always-on
 //                  pseudo-experts of weight 1, pad rows left out; each expert's entries cut into
@@ -9,10 +8,8 @@
 //                  stream block's shared memory (small batches: no prepare kernel).
 //   prepare_tile : tile 0 builds the global work list; tile 1 + t quantises token t's row of h
 //                  (or rmsnorm(h) * gamma, quantize_rows) to the int8 activation format of the
-//                  Q4_K GEMVs (gemv/activation_q8.cuh).
-//   combine_chunks: x[t][row] += sum_j w_j * y[entry_j][row] over a token's entries in ascending
-//                   expert id (shared last), run by the last down item of a row chunk to finish.
-//                   One owner per output element, no float atomics.
+//                  Q4_K GEMVs (q4k/activation_q8.cuh).
+// The streaming bodies are in moe_expert_stream.cuh, the epilogues in moe_epilogues.cuh.
 // A (row, token) dot product runs the same code in the same order whatever the batch, so a
 // token's output is bitwise independent of the other tokens.
 #pragma once
@@ -24,8 +21,9 @@
 #include <encore/ops/moe.h>
 
 #include "common/body.cuh"
-#include "common/launch.cuh"
-#include "gemv/activation_q8.cuh"
+#include "common/block.h"
+#include "common/warp.cuh"
+#include "q4k/activation_q8.cuh"
 
 namespace encore::moe {
 
@@ -303,7 +301,7 @@ __device__ inline void quantize_rows(const ExpertsTileParams& p, int first_token
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[i] = v[i] * inv_rms * gv[i];
     }
-    gemv::quantize_act_block(v, out + std::int64_t(u) * gemv::kActBlockBytes);
+    q4k::quantize_act_block(v, out + std::int64_t(u) * q4k::kActBlockBytes);
   }
 }
 
@@ -315,7 +313,7 @@ __device__ inline void prepare_tile(const ExpertsTileParams& p, int tile, char* 
   }
   const int t = tile - 1;  // one token per tile
   if (t >= p.batch) return;
-  quantize_rows(p, t, 1, p.act_in + std::int64_t(t) * p.hidden_blocks * gemv::kActBlockBytes, reinterpret_cast<float*>(smem));
+  quantize_rows(p, t, 1, p.act_in + std::int64_t(t) * p.hidden_blocks * q4k::kActBlockBytes, reinterpret_cast<float*>(smem));
 }
 
 // Bodies of the prepare stage (common/body.cuh). The standalone kernel runs prepare_tile's tiles;
@@ -337,98 +335,11 @@ template <class Range, class Wait>
 __device__ inline void quantize_body(const ExpertsTileParams& p, const Range& r, char* smem, Wait& wait) {
   wait();
   for (int t = r.first(); t < p.batch; t += r.stride()) {
-    quantize_rows(p, t, 1, p.act_in + std::int64_t(t) * p.hidden_blocks * gemv::kActBlockBytes, reinterpret_cast<float*>(smem));
+    quantize_rows(p, t, 1, p.act_in + std::int64_t(t) * p.hidden_blocks * q4k::kActBlockBytes, reinterpret_cast<float*>(smem));
     __syncthreads();  // the row's partial sums are read before the next row writes them
   }
 }
 // Shared memory of quantize_body: the per-block sums of squares of one row.
 __host__ __device__ inline std::size_t quantize_smem_bytes(int hidden) { return std::size_t(hidden / 256) * sizeof(float); }
-
-// ---- the silu(g)*u quantiser --------------------------------------------------------------------
-
-// Quantises the 32 values mid[0..31] as sub-block `sub_block` of a 256-value block and writes only
-// that sub-block's codes and meta to `out`. gemv::quantize_act_block does the arithmetic on a
-// per-warp scratch block (the lanes of the other sub-blocks hold zeros; sub-blocks are
-// independent); the copy follows the layout documented in gemv/activation_q8.cuh: the sub-block's
-// 32 codes are contiguous at half*128 + 32*(sub_block/2), its {d, sum} at meta[c].{x|y, z|w} of
-// chunks c = 2*(sub_block/2) + {0, 1}. Whole warp.
-__device__ __forceinline__ void quantize_sub_block(const float* mid, int sub_block, char* scratch, char* out) {
-  const int lane = threadIdx.x % 32;
-  float v[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = lane / 4 == sub_block ? mid[(lane % 4) * 8 + i] : 0.f;
-  gemv::quantize_act_block(v, scratch);
-  __syncwarp();
-  const int half = sub_block % 2, pair = sub_block / 2;
-  if (lane < 8) {
-    const int at = half * 128 + pair * 32 + lane * 4;
-    *reinterpret_cast<std::uint32_t*>(out + at) = *reinterpret_cast<const std::uint32_t*>(scratch + at);
-  } else if (lane < 12) {
-    const int q = lane - 8;  // chunk 2*pair + q/2; field d (q even) or sum (q odd) of this half
-    const int at = 256 + ((2 * pair + q / 2) * 4 + (q % 2) * 2 + half) * 4;
-    *reinterpret_cast<float*>(out + at) = *reinterpret_cast<const float*>(scratch + at);
-  }
-  __syncwarp();
-}
-
-// ---- the ordered combine ------------------------------------------------------------------------
-
-// The combine's view of the work list: every token's entries and their weights, staged once per
-// block in shared memory (they are the same for every row chunk).
-struct CombineLists {
-  int* entries;   // [batch][k+S], -1 after the token's last entry
-  float* weight;  // [batch][k+S]
-};
-__host__ __device__ inline std::size_t combine_lists_bytes(int batch, int per_token) {
-  return std::size_t(batch) * per_token * (sizeof(int) + sizeof(float));
-}
-// The down block's list of the chunks it combines ({count, chunk...}), ahead of the staged lists.
-__host__ __device__ inline std::size_t combine_chunk_list_bytes(int max_items) {
-  return ((std::size_t(max_items) + 1) * sizeof(int) + 15) & ~std::size_t(15);
-}
-__device__ inline CombineLists stage_combine_lists(const ExpertsTileParams& p, const WorkList& list, char* scratch) {
-  const int lists = p.batch * (p.top_k + p.num_shared);
-  CombineLists l{reinterpret_cast<int*>(scratch), reinterpret_cast<float*>(scratch) + lists};
-  for (int i = threadIdx.x; i < lists; i += kBlockThreads) {
-    const int entry = load_list(list.token_entries + i);
-    l.entries[i] = entry;
-    l.weight[i] = entry >= 0 ? load_list(list.entry_weight + entry) : 0.f;
-  }
-  return l;
-}
-
-// x[t][row] += sum over the token's entries (ascending expert id, shared last) of w * y, for the
-// kDownRows rows of each of the `count` chunks in `chunks`, all in one parallel pass: a block
-// that is last for several chunks would otherwise pay their L2 round trips one after another.
-// Each thread keeps kOutputsInFlight outputs' loads in flight. y comes from other blocks: read
-// through L2 (ld.global.cg). The lists must be staged and a block barrier passed. Each output is
-// x + (its entries' sum in list order) whatever the chunk count.
-__device__ inline void combine_chunks(const ExpertsTileParams& p, const CombineLists& l, const int* chunks, int count) {
-  constexpr int kOutputsInFlight = 4;  // per thread: their loads issue together, then the stores
-  const int per_token = p.top_k + p.num_shared, chunk_rows = p.batch * kDownRows, outputs = count * chunk_rows;
-  for (int base = threadIdx.x; base < outputs; base += kOutputsInFlight * kBlockThreads) {
-    float acc[kOutputsInFlight];
-    std::int64_t at[kOutputsInFlight];
-#pragma unroll
-    for (int u = 0; u < kOutputsInFlight; ++u) {
-      const int i = base + u * kBlockThreads, t = i % chunk_rows / kDownRows;
-      at[u] = -1;
-      if (i >= outputs || pad_row(p, t)) continue;
-      const std::int64_t row = std::int64_t(chunks[i / chunk_rows]) * kDownRows + i % kDownRows;
-      at[u] = t * std::int64_t(p.hidden) + row;
-      acc[u] = p.x[at[u]];
-      float sum = 0.f;
-#pragma unroll 4
-      for (int j = 0; j < per_token; ++j) {
-        const int entry = l.entries[t * per_token + j];  // -1 after the token's last entry
-        if (entry >= 0) sum += l.weight[t * per_token + j] * __ldcg(p.y + entry * std::int64_t(p.hidden) + row);
-      }
-      acc[u] += sum;
-    }
-#pragma unroll
-    for (int u = 0; u < kOutputsInFlight; ++u)
-      if (at[u] >= 0) p.x[at[u]] = acc[u];
-  }
-}
 
 }  // namespace encore::moe

@@ -11,11 +11,19 @@
 
 #include <cstdint>
 
+#include <encore/q4k.h>
+
 #include "common/async_copy.cuh"
-#include "gemv/activation_q8.cuh"
+#include "q4k/activation_q8.cuh"
 #include "q4k/q4k_device.cuh"
 
-namespace encore::gemv::stream {
+namespace encore::q4k {
+
+// Row pitch of `blocks` Q4_K blocks in a ring slot of shared memory: an odd number of 16-byte
+// units, so the two groups of a quarter warp (neighbouring rows, same block) read different banks.
+__host__ __device__ constexpr int slot_pitch(int blocks) {
+  return blocks * kBlockBytes + (blocks % 2 == 0 ? 16 : 0);
+}
 
 // ---- one block as lane p of a 4-lane group sees it ----------------------------------------------
 
@@ -35,15 +43,15 @@ __device__ __forceinline__ PairUnpack pair_unpack(int p) {
 }
 
 struct QuadWeights {
-  q4k::device::SubBlockPair sp;  // scale/min of sub-blocks 2p (lo) and 2p+1 (hi)
+  q4k::SubBlockPair sp;  // scale/min of sub-blocks 2p (lo) and 2p+1 (hi)
   int lo[8];                     // 32 codes of sub-block 2p, as dp4a words
   std::uint32_t hi16[8];         // 32 codes of sub-block 2p+1 times 16 (left in the high nibbles: no shift)
 };
 
 // `block` points at a 144-byte block in shared memory (16-byte aligned); same values as
-// q4k::device::decode_pair(header, p).
+// q4k::decode_pair(header, p).
 __device__ __forceinline__ QuadWeights decode_quad(const char* block, int p, const PairUnpack& u) {
-  using namespace q4k::device;
+  using namespace q4k;
   const uint4 header = *reinterpret_cast<const uint4*>(block);
   const uint4 c0 = *reinterpret_cast<const uint4*>(block + 16 + 32 * p);
   const uint4 c1 = *reinterpret_cast<const uint4*>(block + 32 + 32 * p);
@@ -78,7 +86,7 @@ __device__ __forceinline__ PairActScales pair_act_scales(const char* act, int p)
 
 // A pair's contribution to one (row, token) sum from the int32 dots of its two sub-blocks:
 //   D_lo*d_lo*dot_lo + D_hi*d_hi*dot_hi - (M_lo*S_lo + M_hi*S_hi)
-__device__ __forceinline__ float pair_term(const q4k::device::SubBlockPair& w, const PairActScales& a, int dot_lo,
+__device__ __forceinline__ float pair_term(const q4k::SubBlockPair& w, const PairActScales& a, int dot_lo,
                                            int dot_hi) {
   return (w.scale_lo * a.d_lo) * float(dot_lo) + (w.scale_hi * a.d_hi) * float(dot_hi) -
          (w.min_lo * a.s_lo + w.min_hi * a.s_hi);
@@ -117,4 +125,4 @@ __device__ __forceinline__ float quad_dot(const QuadWeights& w, const QuadActiva
   return pair_term(w.sp, a.scales, dot_lo, dot_hi16 >> 4);
 }
 
-}  // namespace encore::gemv::stream
+}  // namespace encore::q4k

@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-namespace encore::gemv {
+namespace encore::q4k {
 
 inline constexpr int kActBlockBytes = 384;  // per 256 values per token
 
@@ -62,4 +62,4 @@ __device__ __forceinline__ void quantize_act_block(const float (&v)[8], char* ou
   }
 }
 
-}  // namespace encore::gemv
+}  // namespace encore::q4k
