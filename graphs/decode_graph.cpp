@@ -9,13 +9,20 @@ namespace encore::graphs {
 DecodeGraph::~DecodeGraph() { release(); }
 
 DecodeGraph::DecodeGraph(DecodeGraph&& other) noexcept
-    : graph_(std::exchange(other.graph_, nullptr)), exec_(std::exchange(other.exec_, nullptr)) {}
+    : graph_(std::exchange(other.graph_, nullptr)),
+      exec_(std::exchange(other.exec_, nullptr)),
+      pipeline_(std::exchange(other.pipeline_, nullptr)),
+      batch_(std::exchange(other.batch_, 0)),
+      copies_inputs_(other.copies_inputs_) {}
 
 DecodeGraph& DecodeGraph::operator=(DecodeGraph&& other) noexcept {
   if (this != &other) {
     release();
     graph_ = std::exchange(other.graph_, nullptr);
     exec_ = std::exchange(other.exec_, nullptr);
+    pipeline_ = std::exchange(other.pipeline_, nullptr);
+    batch_ = std::exchange(other.batch_, 0);
+    copies_inputs_ = other.copies_inputs_;
   }
   return *this;
 }
@@ -25,16 +32,20 @@ void DecodeGraph::release() {
   if (graph_) cudaGraphDestroy(graph_);
   exec_ = nullptr;
   graph_ = nullptr;
+  pipeline_ = nullptr;
+  batch_ = 0;
 }
 
-Status DecodeGraph::capture(pipeline::Pipeline& pipeline, cudaStream_t stream, DecodeGraph& out) {
+Status DecodeGraph::capture(pipeline::Pipeline& pipeline, cudaStream_t stream, DecodeGraph& out,
+                            const DecodeGraphOptions& options) {
   out.release();
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   ENCORE_CUDA_TRY(cudaStreamIsCapturing(stream, &capturing));
   ENCORE_REQUIRE(capturing == cudaStreamCaptureStatusNone, StatusCode::kInvalidArgument,
                  "DecodeGraph::capture: the stream is already capturing");
   ENCORE_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const Status enqueued = pipeline.enqueue_step(stream);
+  const Status enqueued =
+      options.copy_staged_inputs ? pipeline.enqueue_step(stream) : pipeline::run_stages(pipeline.stages(), stream);
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(stream, &graph);  // always end, so the stream is usable again
   if (!enqueued.ok()) {
@@ -51,11 +62,16 @@ Status DecodeGraph::capture(pipeline::Pipeline& pipeline, cudaStream_t stream, D
   }
   out.graph_ = graph;
   out.exec_ = exec;
+  out.pipeline_ = &pipeline;
+  out.batch_ = pipeline.batch();
+  out.copies_inputs_ = options.copy_staged_inputs;
   return {};
 }
 
 Status DecodeGraph::replay(cudaStream_t stream) const {
   ENCORE_REQUIRE(exec_, StatusCode::kInvalidArgument, "DecodeGraph::replay: nothing captured");
+  ENCORE_REQUIRE(!copies_inputs_ || pipeline_->staged_rows() <= batch_, StatusCode::kOutOfRange, "DecodeGraph::replay: the staged step has ",
+                 pipeline_->staged_rows(), " rows; the graph was captured at batch ", batch_, " (capture again after set_batch)");
   ENCORE_CUDA_TRY(cudaGraphLaunch(exec_, stream));
   return {};
 }

@@ -57,7 +57,7 @@ std::int64_t mla_proj_stride(const ModelConfig& c) {
 }
 
 Status validate(const BufferOptions& o) {
-  ENCORE_REQUIRE(o.max_batch >= 1 && o.max_batch <= ops::kMaxGemvBatch, StatusCode::kInvalidArgument,
+  ENCORE_REQUIRE(o.max_batch >= 1 && o.max_batch <= ops::kMaxGemvBatch, StatusCode::kOutOfRange,
                  "buffers: max_batch must be in [1, ", ops::kMaxGemvBatch, "] (the Q4_K GEMV's limit; got ", o.max_batch, ")");
   ENCORE_REQUIRE(o.max_slots >= 1, StatusCode::kInvalidArgument, "buffers: max_slots must be >= 1");
   ENCORE_REQUIRE(o.max_pages >= 1 && o.max_pages_per_seq >= 1, StatusCode::kInvalidArgument,

@@ -42,6 +42,11 @@ Status check_row(const ModelConfig& c, const BufferOptions& o, const StepInputs&
 
 }  // namespace
 
+// Far-apart, aligned stand-ins for the three arenas: the stage table's host checks (pointers,
+// alignment, overlaps) hold for them exactly as for the real allocations.
+const ArenaBases kStandInBases{reinterpret_cast<void*>(std::uintptr_t(1) << 44), reinterpret_cast<void*>(std::uintptr_t(2) << 44),
+                               reinterpret_cast<void*>(std::uintptr_t(3) << 44)};
+
 Status Pipeline::create(const ModelConfig& config, const BufferOptions& options, std::unique_ptr<Pipeline>& out) {
   out.reset();
   std::unique_ptr<Pipeline> p(new Pipeline());
@@ -52,6 +57,10 @@ Status Pipeline::create(const ModelConfig& config, const BufferOptions& options,
   ENCORE_RETURN_IF_ERROR(build_buffer_layout(p->config_, p->options_, p->buffer_layout_));
   ENCORE_RETURN_IF_ERROR(build_state_layout(p->config_, p->options_, p->state_layout_));
 
+  {  // the stage table over stand-in bases: bad dims, eps or counts are refused before any allocation
+    std::vector<Stage> check;
+    ENCORE_RETURN_IF_ERROR(p->build_stages(kStandInBases, p->options_.max_batch, check));
+  }
   const TensorInfo* first = p->buffer_layout_.find(kStepTensors[0]);
   const TensorInfo* last = p->buffer_layout_.find(kStepTensors[4]);
   p->staging_offset_ = first->offset;
@@ -74,19 +83,24 @@ Status Pipeline::create(const ModelConfig& config, const BufferOptions& options,
 Status Pipeline::set_batch(int rows) {
   ENCORE_REQUIRE(rows >= 1 && rows <= options_.max_batch, StatusCode::kOutOfRange, "pipeline: batch ", rows, " outside [1, ",
                  options_.max_batch, "]");
+  std::vector<Stage> stages;
+  ENCORE_RETURN_IF_ERROR(build_stages(ArenaBases{weights_, buffers_, state_}, rows, stages));
+  stages_ = std::move(stages);
+  batch_ = rows;
+  return {};
+}
+
+Status Pipeline::build_stages(const ArenaBases& bases, int rows, std::vector<Stage>& out) const {
   StageListInputs in;
   in.config = &config_, in.options = &options_;
   in.weights = &weight_layout_, in.buffers = &buffer_layout_, in.state = &state_layout_;
-  in.bases = ArenaBases{weights_, buffers_, state_};
+  in.bases = bases;
   in.batch = rows;
-  std::vector<Stage> stages;
-  ENCORE_RETURN_IF_ERROR(build_stage_list(in, stages));
-  for (std::size_t i = 0; i < stages.size(); ++i) {
-    const Status s = validate_stage(stages[i]);
+  ENCORE_RETURN_IF_ERROR(build_stage_list(in, out));
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const Status s = validate_stage(out[i]);
     if (!s.ok()) return Status(s.code(), "pipeline: stage " + std::to_string(i) + ": " + s.message());
   }
-  stages_ = std::move(stages);
-  batch_ = rows;
   return {};
 }
 
@@ -162,6 +176,7 @@ Status Pipeline::set_step(const StepInputs& in) {
     slot[b] = real ? in.slot_ids[b] : -1;
     for (int i = 0; i < P; ++i) table[std::size_t(b) * P + i] = real ? in.block_table[std::size_t(b) * P + i] : 0;
   }
+  staged_rows_ = int(n);
   return {};
 }
 

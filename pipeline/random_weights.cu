@@ -77,7 +77,7 @@ int grid_for(std::int64_t items) {
 }  // namespace
 
 Status fill_random_weights(const TensorArena& layout, void* base, std::uint64_t seed, cudaStream_t stream) {
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(base, 16, "fill_random_weights: base"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("fill_random_weights", base, 16, "base"));
   char* bytes = static_cast<char*>(base);
   for (std::size_t t = 0; t < layout.tensors().size(); ++t) {
     const TensorInfo& info = layout.tensors()[t];

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -96,7 +97,10 @@ inline long long env_int(const char* name, long long fallback) {
 inline std::uint64_t fresh_seed() {
   if (const char* v = std::getenv("ENCORE_TEST_SEED"); v && *v) return std::strtoull(v, nullptr, 0);
   static std::random_device device;
-  return (std::uint64_t(device()) << 32) ^ device();
+  const std::uint64_t seed = (std::uint64_t(device()) << 32) ^ device();
+  // Shown with a failing test's output: rerun it with this variable to draw the same inputs.
+  std::printf("[ seed     ] ENCORE_TEST_SEED=0x%llx\n", static_cast<unsigned long long>(seed));
+  return seed;
 }
 
 // Multiprocessors of the current device (0 without one).

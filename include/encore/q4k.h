@@ -42,10 +42,11 @@ void pack_scales(const std::uint8_t sc[8], const std::uint8_t m[8], Block& block
 float half_to_float(std::uint16_t h);
 std::uint16_t float_to_half(float f);
 
-// Host decode of n values (n a multiple of 256); bit-exact with ggml's dequantize_row_q4_K.
-void dequantize_row(const Block* in, float* out, std::int64_t n);
-// Host encode of n values (n a multiple of 256); byte-exact with ggml's quantize_row_q4_K_ref.
-void quantize_row(const float* in, Block* out, std::int64_t n);
+// Host decode of n values; bit-exact with ggml's dequantize_row_q4_K. kInvalidArgument when n is
+// not a non-negative multiple of 256, kNullPointer for a null buffer (n > 0); nothing written then.
+Status dequantize_row(const Block* in, float* out, std::int64_t n);
+// Host encode of n values; byte-exact with ggml's quantize_row_q4_K_ref. Same checks.
+Status quantize_row(const float* in, Block* out, std::int64_t n);
 
 // GPU decode of n values (n a multiple of 256) for tests and for users who need dense weights.
 // `in` 16-byte aligned; out 16-byte aligned (fp32) or 8-byte aligned (bf16).

@@ -12,11 +12,11 @@ namespace encore {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,  // a dimension, count or flag outside what the op supports
+  kInvalidArgument,  // a dimension, flag or value the op does not accept
   kNullPointer,      // a required pointer is null
   kMisaligned,       // a pointer or stride breaks the op's alignment contract
   kOverlap,          // an output aliases an input that other threads still read
-  kOutOfRange,       // an index or length beyond a capacity (slots, cache pages, experts)
+  kOutOfRange,       // a batch, index or length outside its range or beyond a capacity (slots, pages, experts)
   kUnsupported,      // a configuration this build does not implement
   kCudaError,        // the CUDA runtime reported an error (stream failed, launch failed, ...)
   kNoDevice,         // no CUDA device is present

@@ -7,7 +7,9 @@ namespace encore::detail {
 
 Status cuda_status(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return {};
-  return Status(StatusCode::kCudaError, concat(what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
+  // Without a GPU (or a driver for it) every runtime call reports one of these.
+  const bool no_device = err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver;
+  return Status(no_device ? StatusCode::kNoDevice : StatusCode::kCudaError, concat(what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
 }
 
 Status check_stream(cudaStream_t stream) {
@@ -23,18 +25,26 @@ Status check_launch(const char* kernel_name) {
   return cuda_status(cudaGetLastError(), kernel_name);
 }
 
-Status check_pointer(const void* ptr, std::size_t alignment, const char* name) {
-  ENCORE_REQUIRE(ptr != nullptr, StatusCode::kNullPointer, name, " is null");
-  ENCORE_REQUIRE(reinterpret_cast<std::uintptr_t>(ptr) % alignment == 0, StatusCode::kMisaligned, name,
+Status check_pointer(const char* op, const void* ptr, std::size_t alignment, const char* name) {
+  ENCORE_REQUIRE(ptr != nullptr, StatusCode::kNullPointer, op, ": ", name, " is null");
+  ENCORE_REQUIRE(reinterpret_cast<std::uintptr_t>(ptr) % alignment == 0, StatusCode::kMisaligned, op, ": ", name,
                  " must be ", alignment, "-byte aligned (got ", ptr, ")");
   return {};
 }
 
-Status check_no_overlap(const void* a, std::size_t a_bytes, const char* a_name, const void* b,
-                        std::size_t b_bytes, const char* b_name) {
-  auto a0 = reinterpret_cast<std::uintptr_t>(a), b0 = reinterpret_cast<std::uintptr_t>(b);
-  bool disjoint = a0 + a_bytes <= b0 || b0 + b_bytes <= a0;
-  ENCORE_REQUIRE(disjoint, StatusCode::kOverlap, a_name, " and ", b_name, " overlap");
+Status check_disjoint(const char* op, const BufferSpan& a, const BufferSpan& b) {
+  if (!a.ptr || !b.ptr) return {};
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a.ptr), b0 = reinterpret_cast<std::uintptr_t>(b.ptr);
+  const bool disjoint = a0 + a.bytes <= b0 || b0 + b.bytes <= a0;
+  ENCORE_REQUIRE(disjoint, StatusCode::kOverlap, op, ": ", a.name, " and ", b.name, " overlap");
+  return {};
+}
+
+Status check_disjoint(const char* op, std::initializer_list<BufferSpan> inputs, std::initializer_list<BufferSpan> outputs) {
+  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
+    for (const BufferSpan& in : inputs) ENCORE_RETURN_IF_ERROR(check_disjoint(op, in, *out));
+    for (auto other = outputs.begin(); other != out; ++other) ENCORE_RETURN_IF_ERROR(check_disjoint(op, *other, *out));
+  }
   return {};
 }
 

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include <cuda_runtime.h>
 
@@ -19,9 +20,19 @@ Status check_stream(cudaStream_t stream);
 // The last-error check every launcher runs right after its launch.
 Status check_launch(const char* kernel_name);
 
-Status check_pointer(const void* ptr, std::size_t alignment, const char* name);
-Status check_no_overlap(const void* a, std::size_t a_bytes, const char* a_name, const void* b,
-                        std::size_t b_bytes, const char* b_name);
+// "<op>: <name> is null" / "must be N-byte aligned".
+Status check_pointer(const char* op, const void* ptr, std::size_t alignment, const char* name);
+
+// A named byte range of an op's argument; a null ptr is skipped by the checks.
+struct BufferSpan {
+  const void* ptr;
+  std::size_t bytes;
+  const char* name;
+};
+// kOverlap ("<op>: <a> and <b> overlap") when the two ranges share a byte.
+Status check_disjoint(const char* op, const BufferSpan& a, const BufferSpan& b);
+// Every output against every input and every other output.
+Status check_disjoint(const char* op, std::initializer_list<BufferSpan> inputs, std::initializer_list<BufferSpan> outputs);
 
 // Multiprocessor count of the current device (cached per device).
 int sm_count();

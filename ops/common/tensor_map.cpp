@@ -25,7 +25,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
 
 // Shared checks of a 2-D map's geometry.
 Status check_map_geometry(const void* base, std::uint64_t rows, std::uint64_t row_stride_bytes, const char* what) {
-  ENCORE_RETURN_IF_ERROR(check_pointer(base, 16, what));
+  ENCORE_RETURN_IF_ERROR(check_pointer(what, base, 16, "base"));
   ENCORE_REQUIRE(row_stride_bytes % 16 == 0 && rows >= 1 && rows < (std::uint64_t(1) << 32), StatusCode::kInvalidArgument,
                  what, ": the row count must be in [1, 2^32) and the row stride a multiple of 16 bytes (got ", rows, " rows, stride ",
                  row_stride_bytes, ")");

@@ -260,7 +260,7 @@ Status validate_shape(const char* op, const Shape& s) {
   ENCORE_REQUIRE(s.k >= 256 && s.k % 256 == 0, StatusCode::kInvalidArgument, op, ": k must be a positive multiple of 256 (got ", s.k, ")");
   ENCORE_REQUIRE(s.k <= (std::int64_t(1) << 22), StatusCode::kInvalidArgument, op, ": k = ", s.k, " exceeds 4M");
   ENCORE_REQUIRE(s.n >= 1 && s.n <= (std::int64_t(1) << 30), StatusCode::kInvalidArgument, op, ": n must be in [1, 2^30] (got ", s.n, ")");
-  ENCORE_REQUIRE(s.batch >= 1 && s.batch <= kMaxGemvBatch, StatusCode::kInvalidArgument, op, ": batch must be in [1, ", kMaxGemvBatch, "] (got ", s.batch, ")");
+  ENCORE_REQUIRE(s.batch >= 1 && s.batch <= kMaxGemvBatch, StatusCode::kOutOfRange, op, ": batch must be in [1, ", kMaxGemvBatch, "] (got ", s.batch, ")");
   ENCORE_REQUIRE(s.x_stride >= s.k && s.x_stride % 4 == 0, StatusCode::kInvalidArgument, op,
                  ": x_stride must be >= k and a multiple of 4 (got ", s.x_stride, ")");
   ENCORE_REQUIRE(s.out_stride >= s.n, StatusCode::kInvalidArgument, op, ": output stride must be >= n (got ", s.out_stride, ")");
@@ -277,27 +277,27 @@ Status validate_io(const char* op, const Shape& s, const void* const* weights, i
   const std::size_t x_bytes = rows_bytes(s.batch, s.x_stride, s.k);
   const std::size_t out_bytes = rows_bytes(s.batch, s.out_stride, s.n);
   const std::size_t w_bytes = std::size_t(q4k::row_bytes(s.k)) * s.n;
-  for (int m = 0; m < nmat; ++m) ENCORE_RETURN_IF_ERROR(detail::check_pointer(weights[m], 16, op));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(x, 16, "x"));
-  if (gamma) ENCORE_RETURN_IF_ERROR(detail::check_pointer(gamma, 16, "gamma"));
+  for (int m = 0; m < nmat; ++m) ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, weights[m], 16, "weights[m]"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, x, 16, "x"));
+  if (gamma) ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, gamma, 16, "gamma"));
   for (int o = 0; o < nout; ++o) {
-    ENCORE_RETURN_IF_ERROR(detail::check_pointer(outs[o], 4, "output"));
-    ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(x, x_bytes, "x", outs[o], out_bytes, "output"));
+    ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, outs[o], 4, "output"));
+    ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {x, x_bytes, "x"}, {outs[o], out_bytes, "output"}));
     for (int m = 0; m < nmat; ++m)
-      ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(weights[m], w_bytes, "weights", outs[o], out_bytes, "output"));
-    if (gamma) ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(gamma, s.k * sizeof(float), "gamma", outs[o], out_bytes, "output"));
+      ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {weights[m], w_bytes, "weights"}, {outs[o], out_bytes, "output"}));
+    if (gamma) ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {gamma, s.k * sizeof(float), "gamma"}, {outs[o], out_bytes, "output"}));
     for (int o2 = 0; o2 < o; ++o2)
-      ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(outs[o2], out_bytes, "gate output", outs[o], out_bytes, "up output"));
+      ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {outs[o2], out_bytes, "gate output"}, {outs[o], out_bytes, "up output"}));
   }
   if (residual && residual != outs[0]) {  // residual == y is the in-place y += W x
-    ENCORE_RETURN_IF_ERROR(detail::check_pointer(residual, 4, "residual"));
-    ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(residual, out_bytes, "residual", outs[0], out_bytes, "y"));
+    ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, residual, 4, "residual"));
+    ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {residual, out_bytes, "residual"}, {outs[0], out_bytes, "y"}));
   }
   if (normalized) {
     const std::size_t n_bytes = std::size_t(s.batch) * s.k * sizeof(float);
-    ENCORE_RETURN_IF_ERROR(detail::check_pointer(normalized, 4, "normalized"));
-    ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(x, x_bytes, "x", normalized, n_bytes, "normalized"));
-    ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(normalized, n_bytes, "normalized", outs[0], out_bytes, "y"));
+    ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, normalized, 4, "normalized"));
+    ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {x, x_bytes, "x"}, {normalized, n_bytes, "normalized"}));
+    ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {normalized, n_bytes, "normalized"}, {outs[0], out_bytes, "y"}));
   }
   return {};
 }
@@ -370,7 +370,7 @@ Status rmsnorm_q4k_gemv_validate(const RmsNormQ4kGemvParams& a) {
   ENCORE_RETURN_IF_ERROR(validate_shape("rmsnorm_q4k_gemv", s));
   ENCORE_RETURN_IF_ERROR(check_plan(s, 1));
   ENCORE_REQUIRE(a.gamma != nullptr, StatusCode::kNullPointer, "rmsnorm_q4k_gemv: gamma is null");
-  ENCORE_REQUIRE(a.eps > 0.f, StatusCode::kInvalidArgument, "rmsnorm_q4k_gemv: eps must be positive");
+  ENCORE_REQUIRE(std::isfinite(a.eps) && a.eps > 0.f, StatusCode::kInvalidArgument, "rmsnorm_q4k_gemv: eps must be finite and > 0 (got ", a.eps, ")");
   const void* w[] = {a.weight};
   float* outs[] = {a.y};
   return validate_io("rmsnorm_q4k_gemv: weight", s, w, 1, a.x, a.gamma, outs, 1, a.residual, a.normalized);
@@ -397,9 +397,12 @@ Status gate_up_q4k_gemv_validate(const GateUpQ4kGemvParams& a) {
   const Shape s = shape_of(a);
   ENCORE_RETURN_IF_ERROR(validate_shape("gate_up_q4k_gemv", s));
   ENCORE_RETURN_IF_ERROR(check_plan(s, 2));
+  ENCORE_REQUIRE(a.output == GateUpOutput::kSiluMul || a.output == GateUpOutput::kRaw, StatusCode::kInvalidArgument,
+                 "gate_up_q4k_gemv: output must be kSiluMul or kRaw (got ", int(a.output), ")");
   const bool raw = a.output == GateUpOutput::kRaw;
   ENCORE_REQUIRE(raw || a.up_out == nullptr, StatusCode::kInvalidArgument, "gate_up_q4k_gemv: up_out is only written in kRaw mode");
-  if (a.gamma) ENCORE_REQUIRE(a.eps > 0.f, StatusCode::kInvalidArgument, "gate_up_q4k_gemv: eps must be positive");
+  if (a.gamma)
+    ENCORE_REQUIRE(std::isfinite(a.eps) && a.eps > 0.f, StatusCode::kInvalidArgument, "gate_up_q4k_gemv: eps must be finite and > 0 (got ", a.eps, ")");
   const void* w[] = {a.gate, a.up};
   float* outs[] = {a.h, a.up_out};
   return validate_io("gate_up_q4k_gemv: gate/up", s, w, 2, a.x, a.gamma, outs, raw ? 2 : 1, nullptr, nullptr);

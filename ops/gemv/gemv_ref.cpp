@@ -27,7 +27,7 @@ void gemv_double(const q4k::Block* w, std::int64_t n, std::int64_t k, const std:
   for (auto& y : ys) y.assign(n, 0.0);
   parallel_rows(n, [&](std::int64_t r, std::vector<float>& row) {
     row.resize(k);
-    q4k::dequantize_row(w + r * blocks, row.data(), k);
+    throw_if_error(q4k::dequantize_row(w + r * blocks, row.data(), k));
     for (std::size_t b = 0; b < xs.size(); ++b) {
       double acc = 0;
       for (std::int64_t j = 0; j < k; ++j) acc += double(row[j]) * xs[b][j];
@@ -154,7 +154,7 @@ void q4k_gemv_error_model(const q4k::Block* w, std::int64_t n, std::int64_t k, c
   }
   parallel_rows(n, [&](std::int64_t r, std::vector<float>& row) {
     row.resize(k);
-    q4k::dequantize_row(w + r * blocks, row.data(), k);
+    throw_if_error(q4k::dequantize_row(w + r * blocks, row.data(), k));
     double bound = 0, mag = 0;
     for (std::int64_t b = 0; b < blocks; ++b) {
       std::uint8_t sc[8], m[8];

@@ -27,6 +27,7 @@
 
 #include "common/body.cuh"
 #include "common/block.h"
+#include "common/warp.cuh"
 #include "common/smem_allocator.cuh"
 #include "q4k/activation_q8.cuh"
 #include "q4k/q4k_mma.cuh"
@@ -249,7 +250,7 @@ __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0,
 #pragma unroll
         for (int i = 0; i < 8; ++i) ss += v[u][i] * v[u][i];
 #pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, offset);
+        ss = device::warp_sum(ss);
         if (lane == 0) s.block_ss[t * p.chunk_blocks + j] = ss;
         const float4* g = reinterpret_cast<const float4*>(p.gamma + std::int64_t(kb0 + j) * 256 + lane * 8);
         const float4 ga = __ldg(g), gb = __ldg(g + 1);
@@ -269,7 +270,7 @@ __device__ __forceinline__ void accumulate_rms(const GemvTileParams& p, int kb0,
     float part = 0.f;
     for (int j = lane; j < nbc; j += 32) part += s.block_ss[t * p.chunk_blocks + j];
 #pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) part += __shfl_xor_sync(0xFFFFFFFFu, part, offset);
+    part = device::warp_sum(part);
     if (lane == 0) {
       const float total = (kb0 == 0 ? 0.f : s.total_ss[t]) + part;
       s.total_ss[t] = total;

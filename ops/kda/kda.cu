@@ -94,8 +94,7 @@ Status check_pool_dims(int num_slots, int num_heads, int head_dim, const char* w
 }
 
 Status transpose_slot(const float* in, float* out, int num_heads, int head_dim, cudaStream_t stream, const char* who) {
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(in, std::size_t(num_heads) * head_dim * head_dim * 4, "source", out,
-                                                  std::size_t(num_heads) * head_dim * head_dim * 4, "destination"));
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(who, {in, std::size_t(num_heads) * head_dim * head_dim * 4, "source"}, {out, std::size_t(num_heads) * head_dim * head_dim * 4, "destination"}));
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   const dim3 grid(head_dim / 32, head_dim / 32, num_heads);
   kda_transpose_heads_kernel<<<grid, kBlockThreads, 0, stream>>>(in, out, head_dim);
@@ -118,7 +117,7 @@ std::size_t kda_smem_bytes(const KdaParams& p) {
 
 Status kda_validate(const KdaParams& p) {
   ENCORE_RETURN_IF_ERROR(check_pool_dims(p.num_slots, p.num_heads, p.head_dim, "kda"));
-  ENCORE_REQUIRE(p.batch >= 1, StatusCode::kInvalidArgument, "kda: batch must be >= 1 (got ", p.batch, ")");
+  ENCORE_REQUIRE(p.batch >= 1, StatusCode::kOutOfRange, "kda: batch must be >= 1 (got ", p.batch, ")");
   ENCORE_REQUIRE(std::int64_t(p.batch) * p.num_heads < (1LL << 31), StatusCode::kInvalidArgument,
                  "kda: batch * num_heads exceeds the tile index range");
   ENCORE_REQUIRE(p.gate_rank >= 64 && p.gate_rank <= 256 && p.gate_rank % 64 == 0, StatusCode::kInvalidArgument,
@@ -128,53 +127,37 @@ Status kda_validate(const KdaParams& p) {
   ENCORE_REQUIRE(std::isfinite(p.norm_eps) && p.norm_eps > 0.f, StatusCode::kInvalidArgument,
                  "kda: norm_eps must be positive (got ", p.norm_eps, ")");
 
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.proj, 16, "kda: proj"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.slot_ids, 4, "kda: slot_ids"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.y, 16, "kda: y"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.conv_weight, 16, "kda: conv_weight"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.A_log, 4, "kda: A_log"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.dt_bias, 16, "kda: dt_bias"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.f_b_weight, 16, "kda: f_b_weight"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.g_b_weight, 16, "kda: g_b_weight"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.o_norm_weight, 16, "kda: o_norm_weight"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.conv_state, 16, "kda: conv_state"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.recurrent_state, 16, "kda: recurrent_state"));
-  if (p.error_flag) ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.error_flag, 4, "kda: error_flag"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda", p.proj, 16, "proj"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda", p.slot_ids, 4, "slot_ids"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda", p.y, 16, "y"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda", p.conv_weight, 16, "conv_weight"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda", p.A_log, 4, "A_log"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda", p.dt_bias, 16, "dt_bias"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda", p.f_b_weight, 16, "f_b_weight"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda", p.g_b_weight, 16, "g_b_weight"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda", p.o_norm_weight, 16, "o_norm_weight"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda", p.conv_state, 16, "conv_state"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda", p.recurrent_state, 16, "recurrent_state"));
+  if (p.error_flag) ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda", p.error_flag, 4, "error_flag"));
 
   // Every written buffer must be disjoint from every other buffer.
   const std::int64_t H = p.num_heads, D = p.head_dim, P = H * D;
-  struct Span {
-    const void* ptr;
-    std::int64_t bytes;
-    const char* name;
-  };
-  const Span inputs[] = {
-      {p.proj, proj_bytes(p), "proj"},
-      {p.slot_ids, std::int64_t(p.batch) * 4, "slot_ids"},
-      {p.conv_weight, 3 * P * kKdaConvTaps * 4, "conv_weight"},
-      {p.A_log, H * 4, "A_log"},
-      {p.dt_bias, P * 4, "dt_bias"},
-      {p.f_b_weight, P * p.gate_rank * 2, "f_b_weight"},
-      {p.g_b_weight, P * p.gate_rank * 2, "g_b_weight"},
-      {p.o_norm_weight, D * 4, "o_norm_weight"},
-  };
-  const Span outputs[] = {
-      {p.y, std::int64_t(p.batch) * P * 4, "y"},
-      {p.conv_state, p.num_slots * kda_conv_state_floats_per_slot(p.num_heads, p.head_dim) * 4, "conv_state"},
-      {p.recurrent_state, p.num_slots * kda_recurrent_state_floats_per_slot(p.num_heads, p.head_dim) * 4,
-       "recurrent_state"},
-      {p.error_flag, p.error_flag ? 4 : 0, "error_flag"},
-  };
-  for (std::size_t a = 0; a < std::size(outputs); ++a) {
-    if (!outputs[a].ptr) continue;
-    for (const Span& in : inputs)
-      ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(outputs[a].ptr, outputs[a].bytes, outputs[a].name, in.ptr,
-                                                      in.bytes, in.name));
-    for (std::size_t b = a + 1; b < std::size(outputs); ++b)
-      if (outputs[b].ptr)
-        ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(outputs[a].ptr, outputs[a].bytes, outputs[a].name,
-                                                        outputs[b].ptr, outputs[b].bytes, outputs[b].name));
-  }
+  const auto bytes = [](std::int64_t n) { return std::size_t(n); };
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(
+      "kda",
+      {{p.proj, bytes(proj_bytes(p)), "proj"},
+       {p.slot_ids, bytes(std::int64_t(p.batch) * 4), "slot_ids"},
+       {p.conv_weight, bytes(3 * P * kKdaConvTaps * 4), "conv_weight"},
+       {p.A_log, bytes(H * 4), "A_log"},
+       {p.dt_bias, bytes(P * 4), "dt_bias"},
+       {p.f_b_weight, bytes(P * p.gate_rank * 2), "f_b_weight"},
+       {p.g_b_weight, bytes(P * p.gate_rank * 2), "g_b_weight"},
+       {p.o_norm_weight, bytes(D * 4), "o_norm_weight"}},
+      {{p.y, bytes(std::int64_t(p.batch) * P * 4), "y"},
+       {p.conv_state, bytes(p.num_slots * kda_conv_state_floats_per_slot(p.num_heads, p.head_dim) * 4), "conv_state"},
+       {p.recurrent_state, bytes(p.num_slots * kda_recurrent_state_floats_per_slot(p.num_heads, p.head_dim) * 4),
+        "recurrent_state"},
+       {p.error_flag, 4, "error_flag"}}));
 
   if (p.host_slot_ids) {
     std::vector<int> seen_in_row(p.num_slots, -1);
@@ -206,15 +189,15 @@ Status kda(const KdaParams& p, cudaStream_t stream, bool pdl) {
 Status kda_check_slots(const int* slot_ids, int batch, int num_slots, int* error_flag, cudaStream_t stream) {
   ENCORE_REQUIRE(batch >= 1 && num_slots >= 1, StatusCode::kInvalidArgument,
                  "kda_check_slots: batch and num_slots must be >= 1");
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(slot_ids, 4, "kda_check_slots: slot_ids"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(error_flag, 4, "kda_check_slots: error_flag"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda_check_slots", slot_ids, 4, "slot_ids"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda_check_slots", error_flag, 4, "error_flag"));
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   return detail::launch(kda_check_slots_kernel, 1, 0, stream, false, "kda_check_slots_kernel", slot_ids, batch,
                         num_slots, error_flag);
 }
 
 Status kda_read_error(int* error_flag, cudaStream_t stream, bool clear) {
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(error_flag, 4, "kda_read_error: error_flag"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda_read_error", error_flag, 4, "error_flag"));
   int bits = 0;
   ENCORE_CUDA_TRY(cudaMemcpyAsync(&bits, error_flag, sizeof(int), cudaMemcpyDeviceToHost, stream));
   ENCORE_CUDA_TRY(cudaStreamSynchronize(stream));
@@ -234,12 +217,10 @@ Status kda_reset_slots(float* recurrent_state, float* conv_state, int num_slots,
   ENCORE_RETURN_IF_ERROR(check_pool_dims(num_slots, num_heads, head_dim, "kda_reset_slots"));
   ENCORE_REQUIRE(count >= 1 && count <= 65535, StatusCode::kInvalidArgument,
                  "kda_reset_slots: count must be in [1, 65535] (got ", count, ")");
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(recurrent_state, 16, "kda_reset_slots: recurrent_state"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(conv_state, 16, "kda_reset_slots: conv_state"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(slot_ids, 4, "kda_reset_slots: slot_ids"));
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(
-      recurrent_state, num_slots * kda_recurrent_state_floats_per_slot(num_heads, head_dim) * 4, "recurrent_state",
-      conv_state, num_slots * kda_conv_state_floats_per_slot(num_heads, head_dim) * 4, "conv_state"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda_reset_slots", recurrent_state, 16, "recurrent_state"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda_reset_slots", conv_state, 16, "conv_state"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda_reset_slots", slot_ids, 4, "slot_ids"));
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint("kda_reset_slots", {recurrent_state, num_slots * kda_recurrent_state_floats_per_slot(num_heads, head_dim) * 4, "recurrent_state"}, {conv_state, num_slots * kda_conv_state_floats_per_slot(num_heads, head_dim) * 4, "conv_state"}));
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   const std::int64_t rec_vec = kda_recurrent_state_floats_per_slot(num_heads, head_dim) / 4;
   const std::int64_t conv_vec = kda_conv_state_floats_per_slot(num_heads, head_dim) / 4;
@@ -255,8 +236,8 @@ Status kda_import_state_kv(float* recurrent_state, int num_slots, int num_heads,
   ENCORE_RETURN_IF_ERROR(check_pool_dims(num_slots, num_heads, head_dim, "kda_import_state_kv"));
   ENCORE_REQUIRE(slot >= 0 && slot < num_slots, StatusCode::kOutOfRange, "kda_import_state_kv: slot ", slot,
                  " out of range (num_slots = ", num_slots, ")");
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(recurrent_state, 16, "kda_import_state_kv: recurrent_state"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(state_kv, 4, "kda_import_state_kv: state_kv"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda_import_state_kv", recurrent_state, 16, "recurrent_state"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda_import_state_kv", state_kv, 4, "state_kv"));
   float* dst = recurrent_state + slot * kda_recurrent_state_floats_per_slot(num_heads, head_dim);
   return transpose_slot(state_kv, dst, num_heads, head_dim, stream, "kda_import_state_kv");
 }
@@ -266,8 +247,8 @@ Status kda_export_state_kv(const float* recurrent_state, int num_slots, int num_
   ENCORE_RETURN_IF_ERROR(check_pool_dims(num_slots, num_heads, head_dim, "kda_export_state_kv"));
   ENCORE_REQUIRE(slot >= 0 && slot < num_slots, StatusCode::kOutOfRange, "kda_export_state_kv: slot ", slot,
                  " out of range (num_slots = ", num_slots, ")");
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(recurrent_state, 16, "kda_export_state_kv: recurrent_state"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(state_kv, 4, "kda_export_state_kv: state_kv"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda_export_state_kv", recurrent_state, 16, "recurrent_state"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda_export_state_kv", state_kv, 4, "state_kv"));
   const float* src = recurrent_state + slot * kda_recurrent_state_floats_per_slot(num_heads, head_dim);
   return transpose_slot(src, state_kv, num_heads, head_dim, stream, "kda_export_state_kv");
 }
@@ -280,11 +261,10 @@ Status check_slot_copy(const void* pool, std::int64_t floats_per_slot, int num_s
   ENCORE_RETURN_IF_ERROR(check_pool_dims(num_slots, num_heads, head_dim, who));
   ENCORE_REQUIRE(slot >= 0 && slot < num_slots, StatusCode::kOutOfRange, who, ": slot ", slot,
                  " out of range (num_slots = ", num_slots, ")");
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(pool, 16, who));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(buffer, 4, who));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(who, pool, 16, "pool"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(who, buffer, 4, "buffer"));
   const std::size_t bytes = std::size_t(floats_per_slot) * 4;
-  return detail::check_no_overlap(static_cast<const char*>(pool) + slot * bytes, bytes, "slot", buffer, bytes,
-                                  "buffer");
+  return detail::check_disjoint(who, {static_cast<const char*>(pool) + slot * bytes, bytes, "slot"}, {buffer, bytes, "buffer"});
 }
 
 Status copy_slot(void* dst, const void* src, std::int64_t floats, cudaStream_t stream, const char* who) {
@@ -324,6 +304,8 @@ Status kda_import_conv_state(float* conv_state, int num_slots, int num_heads, in
   const std::int64_t n = kda_conv_state_floats_per_slot(num_heads, head_dim);
   ENCORE_RETURN_IF_ERROR(
       check_slot_copy(conv_state, n, num_slots, num_heads, head_dim, slot, src, "kda_import_conv_state"));
+  ENCORE_REQUIRE(layout == KdaConvLayout::kTapMajor || layout == KdaConvLayout::kChannelMajor, StatusCode::kInvalidArgument,
+                 "kda_import_conv_state: layout must be kTapMajor or kChannelMajor (got ", int(layout), ")");
   float* dst = conv_state + slot * n;
   if (layout == KdaConvLayout::kTapMajor) return copy_slot(dst, src, n, stream, "kda_import_conv_state");
   return convert_conv(src, dst, n / 3, true, stream, "kda_import_conv_state");
@@ -334,6 +316,8 @@ Status kda_export_conv_state(const float* conv_state, int num_slots, int num_hea
   const std::int64_t n = kda_conv_state_floats_per_slot(num_heads, head_dim);
   ENCORE_RETURN_IF_ERROR(
       check_slot_copy(conv_state, n, num_slots, num_heads, head_dim, slot, dst, "kda_export_conv_state"));
+  ENCORE_REQUIRE(layout == KdaConvLayout::kTapMajor || layout == KdaConvLayout::kChannelMajor, StatusCode::kInvalidArgument,
+                 "kda_export_conv_state: layout must be kTapMajor or kChannelMajor (got ", int(layout), ")");
   const float* src = conv_state + slot * n;
   if (layout == KdaConvLayout::kTapMajor) return copy_slot(dst, src, n, stream, "kda_export_conv_state");
   return convert_conv(src, dst, n / 3, false, stream, "kda_export_conv_state");

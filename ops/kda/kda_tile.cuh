@@ -36,6 +36,7 @@
 #include "common/async_copy.cuh"
 #include "common/body.cuh"
 #include "common/block.h"
+#include "common/warp.cuh"
 #include "common/smem_allocator.cuh"
 
 namespace encore::kda {
@@ -97,11 +98,7 @@ __device__ __forceinline__ LaneVec<N> load_shared(const float* p) {
   return r;
 }
 
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
-  return x;
-}
+using device::warp_sum;
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
 __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 

@@ -21,6 +21,8 @@
 #include <encore/ops/mla.h>
 
 #include "common/block.h"
+#include "common/warp.cuh"
+#include "mla/mla_device.cuh"
 
 namespace encore::mla {
 
@@ -45,12 +47,12 @@ __device__ inline float combine_weights_from_lse(int splits, float* weight) {
   float m = -INFINITY;
   for (int i = lane; i < splits; i += 32) m = fmaxf(m, weight[i]);
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  m = device::warp_max(m);
   if (m == -INFINITY) m = 0.f;
   float sum = 0.f;
   for (int i = lane; i < splits; i += 32) sum += expf(weight[i] - m);
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  sum = device::warp_sum(sum);
   const float lse = sum > 0.f ? m + logf(sum) : INFINITY;
   for (int i = lane; i < splits; i += 32) weight[i] = sum > 0.f ? expf(weight[i] - lse) : 0.f;  // own i only
   __syncwarp();

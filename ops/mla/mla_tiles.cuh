@@ -12,6 +12,7 @@
 
 #include "common/body.cuh"
 #include "common/block.h"
+#include "common/warp.cuh"
 #include "common/smem_allocator.cuh"
 #include "mla/mla_combine.cuh"
 #include "mla/mla_device.cuh"
@@ -272,7 +273,7 @@ __device__ inline void mla_v_up_tile(const MlaVUpParams& p, int tile, Wait& wait
         }
       }
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) dot[r] += __shfl_xor_sync(0xffffffffu, dot[r], o);
+      dot[r] = device::warp_sum(dot[r]);
     }
     if (lane == 0)
       *reinterpret_cast<float4*>(p.out + std::int64_t(n) * p.num_heads * kMlaVHeadDim + head * kMlaVHeadDim + row0) =

@@ -17,15 +17,15 @@ Status check_heads(int num_heads, const char* op) {
 }
 
 Status check_seqs(int batch, const char* op) {
-  ENCORE_REQUIRE(batch >= 1 && batch <= kMlaMaxBatch, StatusCode::kInvalidArgument, op, ": batch must be in [1, ",
+  ENCORE_REQUIRE(batch >= 1 && batch <= kMlaMaxBatch, StatusCode::kOutOfRange, op, ": batch must be in [1, ",
                  kMlaMaxBatch, "] (got ", batch, ")");
   return {};
 }
 
 // Host-visible capacities of the paged cache and its block table.
 Status check_cache(const MlaPagedCache& c, bool need_pages, const char* op) {
-  if (need_pages) ENCORE_RETURN_IF_ERROR(detail::check_pointer(c.pages, 16, "mla cache.pages"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(c.block_table, 4, "mla cache.block_table"));
+  if (need_pages) ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, c.pages, 16, "cache.pages"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, c.block_table, 4, "cache.block_table"));
   ENCORE_REQUIRE(c.num_pages >= 1, StatusCode::kInvalidArgument, op, ": cache.num_pages must be >= 1 (got ", c.num_pages, ")");
   ENCORE_REQUIRE(c.max_pages_per_seq >= 1 && c.max_pages_per_seq <= (1 << 24), StatusCode::kInvalidArgument, op,
                  ": cache.max_pages_per_seq must be in [1, 2^24] (got ", c.max_pages_per_seq, ")");
@@ -62,15 +62,15 @@ Status mla_validate(const MlaSchedParams& p) {
   // The plan's tape arithmetic is 32-bit (mla_plan.h).
   ENCORE_REQUIRE(std::int64_t(p.batch) * (std::int64_t(p.cache.max_pages_per_seq) + p.fixed_overhead) < (std::int64_t(1) << 31),
                  StatusCode::kOutOfRange, op, ": batch * (max_pages_per_seq + fixed_overhead) must stay below 2^31");
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.seq_lens, 4, "mla_sched: seq_lens"));
-  if (p.positions) ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.positions, 4, "mla_sched: positions"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.part_plans, 16, "mla_sched: part_plans"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.num_splits, 4, "mla_sched: num_splits"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.error_flag, 4, "mla_sched: error_flag"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_sched", p.seq_lens, 4, "seq_lens"));
+  if (p.positions) ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_sched", p.positions, 4, "positions"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_sched", p.part_plans, 16, "part_plans"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_sched", p.num_splits, 4, "num_splits"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_sched", p.error_flag, 4, "error_flag"));
   const std::size_t meta_bytes = std::size_t(p.num_parts) * kMlaPartPlanInts * 4, splits_bytes = (std::size_t(p.batch) + 1) * 4;
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.part_plans, meta_bytes, "part_plans", p.num_splits, splits_bytes, "num_splits"));
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.part_plans, meta_bytes, "part_plans", p.error_flag, 4, "error_flag"));
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.num_splits, splits_bytes, "num_splits", p.error_flag, 4, "error_flag"));
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {p.part_plans, meta_bytes, "part_plans"}, {p.num_splits, splits_bytes, "num_splits"}));
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {p.part_plans, meta_bytes, "part_plans"}, {p.error_flag, 4, "error_flag"}));
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {p.num_splits, splits_bytes, "num_splits"}, {p.error_flag, 4, "error_flag"}));
   return {};
 }
 
@@ -82,21 +82,17 @@ Status mla_validate(const MlaKvAppendParams& p) {
   ENCORE_REQUIRE(p.kv_a_stride >= kMlaRowDim && p.kv_a_stride % 4 == 0, StatusCode::kInvalidArgument, op,
                  ": kv_a_stride must be >= 576 and a multiple of 4 (got ", p.kv_a_stride, ")");
   ENCORE_REQUIRE(std::isfinite(p.eps) && p.eps > 0.f, StatusCode::kInvalidArgument, op, ": eps must be > 0");
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.kv_a, 16, "mla_kv_append: kv_a"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.norm_weight, 16, "mla_kv_append: norm_weight"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.positions, 4, "mla_kv_append: positions"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.seq_lens, 4, "mla_kv_append: seq_lens"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.error_flag, 4, "mla_kv_append: error_flag"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_kv_append", p.kv_a, 16, "kv_a"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_kv_append", p.norm_weight, 16, "norm_weight"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_kv_append", p.positions, 4, "positions"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_kv_append", p.seq_lens, 4, "seq_lens"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_kv_append", p.error_flag, 4, "error_flag"));
   const std::size_t kv_bytes = std::size_t(p.batch) * p.kv_a_stride * 4;
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.cache.pages, pool_bytes(p.cache), "cache.pages", p.kv_a, kv_bytes, "kv_a"));
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.cache.pages, pool_bytes(p.cache), "cache.pages", p.norm_weight,
-                                                  kMlaLatentDim * 4, "norm_weight"));
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.cache.pages, pool_bytes(p.cache), "cache.pages", p.cache.block_table,
-                                                  std::size_t(p.batch) * p.cache.block_table_stride * 4, "block_table"));
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.cache.pages, pool_bytes(p.cache), "cache.pages", p.positions,
-                                                  std::size_t(p.batch) * 4, "positions"));
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.cache.pages, pool_bytes(p.cache), "cache.pages", p.seq_lens,
-                                                  std::size_t(p.batch) * 4, "seq_lens"));
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {p.cache.pages, pool_bytes(p.cache), "cache.pages"}, {p.kv_a, kv_bytes, "kv_a"}));
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {p.cache.pages, pool_bytes(p.cache), "cache.pages"}, {p.norm_weight, kMlaLatentDim * 4, "norm_weight"}));
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {p.cache.pages, pool_bytes(p.cache), "cache.pages"}, {p.cache.block_table, std::size_t(p.batch) * p.cache.block_table_stride * 4, "block_table"}));
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {p.cache.pages, pool_bytes(p.cache), "cache.pages"}, {p.positions, std::size_t(p.batch) * 4, "positions"}));
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {p.cache.pages, pool_bytes(p.cache), "cache.pages"}, {p.seq_lens, std::size_t(p.batch) * 4, "seq_lens"}));
   return {};
 }
 
@@ -107,15 +103,14 @@ Status mla_validate(const MlaQAbsorbParams& p) {
   ENCORE_RETURN_IF_ERROR(check_rope(p.rope, op));
   ENCORE_REQUIRE(p.q_stride >= std::int64_t(p.num_heads) * kMlaQHeadDim && p.q_stride % 4 == 0, StatusCode::kInvalidArgument,
                  op, ": q_stride must be >= num_heads * 192 and a multiple of 4 (got ", p.q_stride, ")");
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.q, 16, "mla_q_absorb: q"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.kv_b, 16, "mla_q_absorb: kv_b"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.positions, 4, "mla_q_absorb: positions"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.q576, 16, "mla_q_absorb: q576"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_q_absorb", p.q, 16, "q"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_q_absorb", p.kv_b, 16, "kv_b"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_q_absorb", p.positions, 4, "positions"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_q_absorb", p.q576, 16, "q576"));
   const std::size_t out_bytes = std::size_t(p.batch) * p.num_heads * kMlaRowDim * 2;
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.q576, out_bytes, "q576", p.q, std::size_t(p.batch) * p.q_stride * 4, "q"));
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.q576, out_bytes, "q576", p.kv_b,
-                                                  std::size_t(p.num_heads) * kMlaKvbRowsPerHead * kMlaLatentDim * 2, "kv_b"));
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.q576, out_bytes, "q576", p.positions, std::size_t(p.batch) * 4, "positions"));
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {p.q576, out_bytes, "q576"}, {p.q, std::size_t(p.batch) * p.q_stride * 4, "q"}));
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {p.q576, out_bytes, "q576"}, {p.kv_b, std::size_t(p.num_heads) * kMlaKvbRowsPerHead * kMlaLatentDim * 2, "kv_b"}));
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {p.q576, out_bytes, "q576"}, {p.positions, std::size_t(p.batch) * 4, "positions"}));
   return {};
 }
 
@@ -128,41 +123,30 @@ Status mla_validate(const MlaAttentionParams& p) {
                  ": num_parts must be in [1, 4096] (got ", p.num_parts, ")");
   ENCORE_REQUIRE(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.f, StatusCode::kInvalidArgument, op,
                  ": softmax_scale must be finite and > 0");
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.q576, 16, "mla_attention: q576"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.seq_lens, 4, "mla_attention: seq_lens"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.part_plans, 16, "mla_attention: part_plans"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.num_splits, 4, "mla_attention: num_splits"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.error_flag, 4, "mla_attention: error_flag"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.o_lat, 16, "mla_attention: o_lat"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.lse, 4, "mla_attention: lse"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.partial_o, 16, "mla_attention: partial_o"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.partial_lse, 4, "mla_attention: partial_lse"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_attention", p.q576, 16, "q576"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_attention", p.seq_lens, 4, "seq_lens"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_attention", p.part_plans, 16, "part_plans"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_attention", p.num_splits, 4, "num_splits"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_attention", p.error_flag, 4, "error_flag"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_attention", p.o_lat, 16, "o_lat"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_attention", p.lse, 4, "lse"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_attention", p.partial_o, 16, "partial_o"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_attention", p.partial_lse, 4, "partial_lse"));
   const std::size_t rows = std::size_t(p.batch) * p.num_heads, slots = std::size_t(p.batch + p.num_parts) * p.num_heads;
-  struct Region { const void* ptr; std::size_t bytes; const char* name; };
-  const Region outputs[] = {{p.o_lat, rows * kMlaLatentDim * 4, "o_lat"},
-                            {p.lse, rows * 4, "lse"},
-                            {p.partial_o, slots * kMlaLatentDim * 4, "partial_o"},
-                            {p.partial_lse, slots * 4, "partial_lse"}};
-  const Region inputs[] = {{p.q576, rows * kMlaRowDim * 2, "q576"},
-                           {p.cache.pages, pool_bytes(p.cache), "cache.pages"},
-                           {p.seq_lens, std::size_t(p.batch) * 4, "seq_lens"},
-                           {p.part_plans, std::size_t(p.num_parts) * kMlaPartPlanInts * 4, "part_plans"},
-                           {p.num_splits, std::size_t(p.batch + 1) * 4, "num_splits"}};
-  if (p.counters != nullptr) {
-    ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.counters, 4, "mla_attention: counters"));
-    const std::size_t counter_bytes = std::size_t(p.batch) * mla_head_groups(p.num_heads) * 4;
-    for (const Region& r : outputs)
-      ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.counters, counter_bytes, "counters", r.ptr, r.bytes, r.name));
-    for (const Region& r : inputs)
-      ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.counters, counter_bytes, "counters", r.ptr, r.bytes, r.name));
-  }
-  for (int i = 0; i < 4; ++i) {
-    for (int j = i + 1; j < 4; ++j)
-      ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(outputs[i].ptr, outputs[i].bytes, outputs[i].name, outputs[j].ptr,
-                                                      outputs[j].bytes, outputs[j].name));
-    for (const Region& in : inputs)
-      ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(outputs[i].ptr, outputs[i].bytes, outputs[i].name, in.ptr, in.bytes, in.name));
-  }
+  if (p.counters != nullptr) ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, p.counters, 4, "counters"));
+  const std::size_t counter_bytes = std::size_t(p.batch) * mla_head_groups(p.num_heads) * 4;
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(
+      op,
+      {{p.q576, rows * kMlaRowDim * 2, "q576"},
+       {p.cache.pages, pool_bytes(p.cache), "cache.pages"},
+       {p.seq_lens, std::size_t(p.batch) * 4, "seq_lens"},
+       {p.part_plans, std::size_t(p.num_parts) * sizeof(MlaPartPlan), "part_plans"},
+       {p.num_splits, std::size_t(p.batch + 1) * 4, "num_splits"}},
+      {{p.o_lat, rows * kMlaLatentDim * 4, "o_lat"},
+       {p.lse, rows * 4, "lse"},
+       {p.partial_o, slots * kMlaLatentDim * 4, "partial_o"},
+       {p.partial_lse, slots * 4, "partial_lse"},
+       {p.counters, counter_bytes, "counters"}}));
   return {};
 }
 
@@ -170,14 +154,12 @@ Status mla_validate(const MlaVUpParams& p) {
   constexpr const char* op = "mla_v_up";
   ENCORE_RETURN_IF_ERROR(check_seqs(p.batch, op));
   ENCORE_RETURN_IF_ERROR(check_heads(p.num_heads, op));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.o_lat, 16, "mla_v_up: o_lat"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.kv_b, 16, "mla_v_up: kv_b"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(p.out, 16, "mla_v_up: out"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_v_up", p.o_lat, 16, "o_lat"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_v_up", p.kv_b, 16, "kv_b"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_v_up", p.out, 16, "out"));
   const std::size_t out_bytes = std::size_t(p.batch) * p.num_heads * kMlaVHeadDim * 4;
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.out, out_bytes, "out", p.o_lat,
-                                                  std::size_t(p.batch) * p.num_heads * kMlaLatentDim * 4, "o_lat"));
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(p.out, out_bytes, "out", p.kv_b,
-                                                  std::size_t(p.num_heads) * kMlaKvbRowsPerHead * kMlaLatentDim * 2, "kv_b"));
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {p.out, out_bytes, "out"}, {p.o_lat, std::size_t(p.batch) * p.num_heads * kMlaLatentDim * 4, "o_lat"}));
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {p.out, out_bytes, "out"}, {p.kv_b, std::size_t(p.num_heads) * kMlaKvbRowsPerHead * kMlaLatentDim * 2, "kv_b"}));
   return {};
 }
 

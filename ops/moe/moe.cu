@@ -235,7 +235,7 @@ Status encode_experts_maps(const MoeExpertsParams& a, const moe::StreamShape& ga
 }
 
 Status validate_batch(const char* op, int batch, int max_batch) {
-  ENCORE_REQUIRE(max_batch >= 1 && max_batch <= kMaxMoeBatch, StatusCode::kInvalidArgument, op, ": max_batch must be in [1, ",
+  ENCORE_REQUIRE(max_batch >= 1 && max_batch <= kMaxMoeBatch, StatusCode::kOutOfRange, op, ": max_batch must be in [1, ",
                  kMaxMoeBatch, "] (got ", max_batch, ")");
   ENCORE_REQUIRE(batch >= 1 && batch <= max_batch, StatusCode::kOutOfRange, op, ": batch must be in [1, ", max_batch,
                  "] (got ", batch, ")");
@@ -244,17 +244,16 @@ Status validate_batch(const char* op, int batch, int max_batch) {
 
 Status validate_norm(const char* op, const float* norm_weight, float eps) {
   if (!norm_weight) return {};
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(norm_weight, 16, "norm_weight"));
-  ENCORE_REQUIRE(std::isfinite(eps) && eps >= 0.f, StatusCode::kInvalidArgument, op, ": norm_eps must be finite and >= 0 (got ", eps, ")");
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, norm_weight, 16, "norm_weight"));
+  ENCORE_REQUIRE(std::isfinite(eps) && eps > 0.f, StatusCode::kInvalidArgument, op, ": norm_eps must be finite and > 0 (got ", eps, ")");
   return {};
 }
 
 Status validate_outputs(const char* op, const MoeRoutingConfig& c, int batch, const int* ids, const float* weights) {
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(ids, 4, "topk_ids"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(weights, 4, "topk_weights"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, ids, 4, "topk_ids"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, weights, 4, "topk_weights"));
   const std::size_t bytes = std::size_t(batch) * c.top_k * 4;
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(ids, bytes, "topk_ids", weights, bytes, "topk_weights"));
-  (void)op;
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {ids, bytes, "topk_ids"}, {weights, bytes, "topk_weights"}));
   return {};
 }
 
@@ -322,14 +321,14 @@ Status moe_router_validate(const MoeRouterParams& a) {
   ENCORE_REQUIRE(a.weight_dtype == MoeRouterDtype::kBf16 || a.weight_dtype == MoeRouterDtype::kFp32,
                  StatusCode::kInvalidArgument, op, ": unknown router weight dtype");
   const int E = a.config.num_experts;
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.weight, 16, "router weight"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.h, 16, "h"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.weight, 16, "router weight"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.h, 16, "h"));
   ENCORE_RETURN_IF_ERROR(validate_norm(op, a.norm_weight, a.norm_eps));
-  if (a.bias) ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.bias, 4, "bias"));
+  if (a.bias) ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.bias, 4, "bias"));
   ENCORE_RETURN_IF_ERROR(validate_outputs(op, a.config, a.batch, a.topk_ids, a.topk_weights));
-  if (a.logits) ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.logits, 4, "logits"));
-  if (a.slot_ids) ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.slot_ids, 4, "slot_ids"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.workspace, 16, "workspace"));
+  if (a.logits) ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.logits, 4, "logits"));
+  if (a.slot_ids) ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.slot_ids, 4, "slot_ids"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.workspace, 16, "workspace"));
   const std::size_t need = moe_router_workspace_bytes(a.batch, E, a.hidden);
   ENCORE_REQUIRE(a.workspace_bytes >= need, StatusCode::kOutOfRange, op, ": workspace holds ", a.workspace_bytes,
                  " bytes, needs ", need);
@@ -337,25 +336,12 @@ Status moe_router_validate(const MoeRouterParams& a) {
   const std::size_t w_bytes = std::size_t(E) * a.hidden * (a.weight_dtype == MoeRouterDtype::kBf16 ? 2 : 4);
   const std::size_t h_bytes = std::size_t(a.batch) * a.hidden * 4, slot_bytes = std::size_t(a.batch) * a.config.top_k * 4;
   const std::size_t logit_bytes = std::size_t(a.batch) * E * 4;
-  struct Range {
-    const void* ptr;
-    std::size_t bytes;
-    const char* name;
-  };
-  const Range inputs[] = {{a.weight, w_bytes, "router weight"}, {a.h, h_bytes, "h"}, {a.bias, std::size_t(E) * 4, "bias"},
-                          {a.slot_ids, std::size_t(a.batch) * 4, "slot_ids"},
-                          {a.norm_weight, std::size_t(a.hidden) * 4, "norm_weight"}};
-  const Range outputs[] = {{a.topk_ids, slot_bytes, "topk_ids"}, {a.topk_weights, slot_bytes, "topk_weights"},
-                           {a.logits, logit_bytes, "logits"}, {a.workspace, need, "workspace"}};
-  for (int o = 0; o < 4; ++o) {
-    if (!outputs[o].ptr) continue;
-    for (const Range& in : inputs)
-      if (in.ptr) ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(in.ptr, in.bytes, in.name, outputs[o].ptr, outputs[o].bytes, outputs[o].name));
-    for (int o2 = 0; o2 < o; ++o2)
-      if (outputs[o2].ptr)
-        ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(outputs[o2].ptr, outputs[o2].bytes, outputs[o2].name, outputs[o].ptr,
-                                                        outputs[o].bytes, outputs[o].name));
-  }
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(
+      op,
+      {{a.weight, w_bytes, "router weight"}, {a.h, h_bytes, "h"}, {a.bias, std::size_t(E) * 4, "bias"},
+       {a.slot_ids, std::size_t(a.batch) * 4, "slot_ids"}, {a.norm_weight, std::size_t(a.hidden) * 4, "norm_weight"}},
+      {{a.topk_ids, slot_bytes, "topk_ids"}, {a.topk_weights, slot_bytes, "topk_weights"}, {a.logits, logit_bytes, "logits"},
+       {a.workspace, need, "workspace"}}));
   return {};
 }
 
@@ -391,22 +377,19 @@ Status moe_router(const MoeRouterParams& a, cudaStream_t stream) {
 }
 
 Status moe_topk_validate(const MoeTopkParams& a) {
+  const char* op = "moe_topk";
   ENCORE_RETURN_IF_ERROR(validate_routing_config(a.config));
-  ENCORE_RETURN_IF_ERROR(validate_batch("moe_topk", a.batch, kMaxMoeBatch));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.logits, 4, "logits"));
-  if (a.bias) ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.bias, 4, "bias"));
-  if (a.slot_ids) ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.slot_ids, 4, "slot_ids"));
-  ENCORE_RETURN_IF_ERROR(validate_outputs("moe_topk", a.config, a.batch, a.topk_ids, a.topk_weights));
+  ENCORE_RETURN_IF_ERROR(validate_batch(op, a.batch, kMaxMoeBatch));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.logits, 4, "logits"));
+  if (a.bias) ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.bias, 4, "bias"));
+  if (a.slot_ids) ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.slot_ids, 4, "slot_ids"));
+  ENCORE_RETURN_IF_ERROR(validate_outputs(op, a.config, a.batch, a.topk_ids, a.topk_weights));
   const std::size_t logit_bytes = std::size_t(a.batch) * a.config.num_experts * 4, slot_bytes = std::size_t(a.batch) * a.config.top_k * 4;
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(a.logits, logit_bytes, "logits", a.topk_ids, slot_bytes, "topk_ids"));
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(a.logits, logit_bytes, "logits", a.topk_weights, slot_bytes, "topk_weights"));
-  if (a.bias) {
-    ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(a.bias, a.config.num_experts * 4, "bias", a.topk_ids, slot_bytes, "topk_ids"));
-    ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(a.bias, a.config.num_experts * 4, "bias", a.topk_weights, slot_bytes, "topk_weights"));
-  }
-  if (a.slot_ids)
-    for (const void* out : {static_cast<const void*>(a.topk_ids), static_cast<const void*>(a.topk_weights)})
-      ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(a.slot_ids, std::size_t(a.batch) * 4, "slot_ids", out, slot_bytes, "topk outputs"));
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(
+      op,
+      {{a.logits, logit_bytes, "logits"}, {a.bias, std::size_t(a.config.num_experts) * 4, "bias"},
+       {a.slot_ids, std::size_t(a.batch) * 4, "slot_ids"}},
+      {{a.topk_ids, slot_bytes, "topk_ids"}, {a.topk_weights, slot_bytes, "topk_weights"}}));
   return {};
 }
 
@@ -456,17 +439,17 @@ Status moe_experts_plan(const MoeExpertsParams& a, MoeExpertsPlan* out, int sm_c
 Status moe_experts_validate(const MoeExpertsParams& a) {
   const char* op = "moe_experts";
   ENCORE_RETURN_IF_ERROR(validate_experts_dims(a));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.gate, 16, "gate"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.up, 16, "up"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.down, 16, "down"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.h, 16, "h"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.gate, 16, "gate"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.up, 16, "up"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.down, 16, "down"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.h, 16, "h"));
   ENCORE_RETURN_IF_ERROR(validate_norm(op, a.norm_weight, a.norm_eps));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.x, 4, "x"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.topk_ids, 4, "topk_ids"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.topk_weights, 4, "topk_weights"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.workspace, 16, "workspace"));
-  if (a.error_flag) ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.error_flag, 4, "error_flag"));
-  if (a.slot_ids) ENCORE_RETURN_IF_ERROR(detail::check_pointer(a.slot_ids, 4, "slot_ids"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.x, 4, "x"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.topk_ids, 4, "topk_ids"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.topk_weights, 4, "topk_weights"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.workspace, 16, "workspace"));
+  if (a.error_flag) ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.error_flag, 4, "error_flag"));
+  if (a.slot_ids) ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.slot_ids, 4, "slot_ids"));
   const ExpertsLayout layout = experts_layout(a.max_batch, a.num_experts, a.num_shared, a.top_k, a.hidden, a.inter);
   ENCORE_REQUIRE(a.workspace_bytes >= layout.total, StatusCode::kOutOfRange, op, ": workspace holds ", a.workspace_bytes,
                  " bytes, needs ", layout.total, " for max_batch = ", a.max_batch);
@@ -474,24 +457,13 @@ Status moe_experts_validate(const MoeExpertsParams& a) {
   const std::int64_t matrices = a.num_experts + a.num_shared;
   const std::size_t stack_bytes = std::size_t(matrices) * q4k::row_bytes(a.hidden) * a.inter;  // gate, up and down alike
   const std::size_t x_bytes = std::size_t(a.batch) * a.hidden * 4, slot_bytes = std::size_t(a.batch) * a.top_k * 4;
-  struct Range {
-    const void* ptr;
-    std::size_t bytes;
-    const char* name;
-  };
-  const Range inputs[] = {{a.gate, stack_bytes, "gate"}, {a.up, stack_bytes, "up"}, {a.down, stack_bytes, "down"},
-                          {a.h, x_bytes, "h"}, {a.topk_ids, slot_bytes, "topk_ids"}, {a.topk_weights, slot_bytes, "topk_weights"},
-                          {a.slot_ids, std::size_t(a.batch) * 4, "slot_ids"}, {a.norm_weight, std::size_t(a.hidden) * 4, "norm_weight"}};
-  const Range outputs[] = {{a.x, x_bytes, "x"}, {a.workspace, layout.total, "workspace"}, {a.error_flag, 4, "error_flag"}};
-  for (int o = 0; o < 3; ++o) {
-    if (!outputs[o].ptr) continue;
-    for (const Range& in : inputs)
-      if (in.ptr && !(in.ptr == a.h && outputs[o].ptr == a.x && a.h == a.x))  // h may be x itself (read before x is updated)
-        ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(in.ptr, in.bytes, in.name, outputs[o].ptr, outputs[o].bytes, outputs[o].name));
-    for (int o2 = 0; o2 < o; ++o2)
-      ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(outputs[o2].ptr, outputs[o2].bytes, outputs[o2].name, outputs[o].ptr,
-                                                      outputs[o].bytes, outputs[o].name));
-  }
+  // h may be x itself (read before x is updated): then x stands for both.
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(
+      op,
+      {{a.gate, stack_bytes, "gate"}, {a.up, stack_bytes, "up"}, {a.down, stack_bytes, "down"},
+       {a.h == a.x ? nullptr : a.h, x_bytes, "h"}, {a.topk_ids, slot_bytes, "topk_ids"}, {a.topk_weights, slot_bytes, "topk_weights"},
+       {a.slot_ids, std::size_t(a.batch) * 4, "slot_ids"}, {a.norm_weight, std::size_t(a.hidden) * 4, "norm_weight"}},
+      {{a.x, x_bytes, "x"}, {a.workspace, layout.total, "workspace"}, {a.error_flag, 4, "error_flag"}}));
   // The streams' shared-memory plan depends on the device: checked here so that a pipeline's
   // validation (set_batch) reports it before any stage runs.
   StreamPlan plan;

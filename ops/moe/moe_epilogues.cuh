@@ -81,7 +81,7 @@ __device__ inline void combine_chunks(const ExpertsTileParams& p, const CombineL
     for (int u = 0; u < kOutputsInFlight; ++u) {
       const int i = base + u * kBlockThreads, t = i % chunk_rows / kDownRows;
       at[u] = -1;
-      if (i >= outputs || pad_row(p, t)) continue;
+      if (i >= outputs || device::is_pad_row(p.slot_ids, t)) continue;
       const std::int64_t row = std::int64_t(chunks[i / chunk_rows]) * kDownRows + i % kDownRows;
       at[u] = t * std::int64_t(p.hidden) + row;
       acc[u] = p.x[at[u]];

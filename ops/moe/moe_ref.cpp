@@ -141,7 +141,7 @@ constexpr float kAmbiguousWindow = 1e-3f;
 // The weight of row `row`, column `col` of a Q4_K matrix with `cols` columns.
 double q4k_weight(const q4k::Block* m, int cols, std::int64_t row, int col) {
   float values[q4k::kBlockValues];
-  q4k::dequantize_row(m + row * (cols / q4k::kBlockValues) + col / q4k::kBlockValues, values, q4k::kBlockValues);
+  throw_if_error(q4k::dequantize_row(m + row * (cols / q4k::kBlockValues) + col / q4k::kBlockValues, values, q4k::kBlockValues));
   return values[col % q4k::kBlockValues];
 }
 
@@ -216,7 +216,7 @@ void moe_experts(const q4k::Block* gate, const q4k::Block* up, const q4k::Block*
       // The down projection of the exact silu(g)*u: keep it in double through a dense product.
       std::vector<float> row(inter);
       for (int r = 0; r < hidden; ++r) {
-        q4k::dequantize_row(wd + std::int64_t(r) * (inter / 256), row.data(), inter);
+        throw_if_error(q4k::dequantize_row(wd + std::int64_t(r) * (inter / 256), row.data(), inter));
         for (int i = 0; i < n; ++i) {
           double acc = 0;
           for (int c = 0; c < inter; ++c) acc += double(row[c]) * g[std::size_t(i) * inter + c];

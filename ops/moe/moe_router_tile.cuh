@@ -174,8 +174,6 @@ __device__ __forceinline__ unsigned long long warp_max(unsigned long long key) {
   return key;
 }
 
-__device__ __forceinline__ bool is_pad_row(const int* slot_ids, int token) { return slot_ids && __ldg(slot_ids + token) < 0; }
-
 // Routes token `token` with the calling warp; P = experts per lane (lane l holds l*P .. l*P+P-1).
 // `choice_smem`: num_experts floats for this warp (group stage only).
 template <int P>
@@ -190,7 +188,7 @@ __device__ void router_topk_warp(const RouterTopkParams& p, int token, float* ch
   // The slot id, the bias and the slices' partials are loaded together (one round trip at the
   // common slice counts, not one per slice); the partials are then added in slice order. The
   // partials come from the GEMV tiles (coherent loads); bias and slot ids are settled inputs.
-  const bool pad = is_pad_row(p.slot_ids, token);
+  const bool pad = device::is_pad_row(p.slot_ids, token);
   float bias[P];
 #pragma unroll
   for (int i = 0; i < P; ++i) bias[i] = p.bias && present[i] ? __ldg(p.bias + lane * P + i) : 0.f;
@@ -242,7 +240,7 @@ __device__ void router_topk_warp(const RouterTopkParams& p, int token, float* ch
   } else {
     float mx = local_max;
 #pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, offset));
+    mx = device::warp_max(mx);
     float sum = 0.f;
 #pragma unroll
     for (int i = 0; i < P; ++i) {
@@ -250,7 +248,7 @@ __device__ void router_topk_warp(const RouterTopkParams& p, int token, float* ch
       sum += score[i];
     }
 #pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, offset);
+    sum = device::warp_sum(sum);
 #pragma unroll
     for (int i = 0; i < P; ++i) score[i] = score[i] / sum;
   }

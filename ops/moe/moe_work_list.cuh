@@ -105,8 +105,6 @@ struct PlanSmem {
 };
 __host__ __device__ constexpr std::size_t prepare_smem_bytes() { return sizeof(PlanSmem); }
 
-// (through L2: the small-batch down kernel reads slot ids before its PDL wait)
-__device__ __forceinline__ bool pad_row(const ExpertsTileParams& p, int token) { return p.slot_ids && __ldcg(p.slot_ids + token) < 0; }
 
 // ---- prepare ------------------------------------------------------------------------------------
 
@@ -126,7 +124,7 @@ __device__ __forceinline__ bool slot_valid(const int* ids, int top_k, int token,
 __device__ inline void build_one_token_list(const ExpertsTileParams& p, const WorkList& out, bool report_errors) {
   static_assert(ops::kMaxMoeTopK <= 32 && ops::kMaxMoeTopK + ops::kMaxMoeShared <= 32);
   const int lane = threadIdx.x % 32, per_token = p.top_k + p.num_shared;
-  const bool real = !pad_row(p, 0);
+  const bool real = !device::is_pad_row(p.slot_ids, 0);
   int id = -1;
   float weight = 0.f;
   if (lane < p.top_k) {
@@ -177,7 +175,7 @@ __device__ inline void build_work_list(const ExpertsTileParams& p, const WorkLis
   const int slots = p.batch * p.top_k;
   // Token t (< 64 <= the block's threads) is thread t's: its pad check loads with the ids.
   static_assert(ops::kMaxMoeBatch <= 64 && ops::kMaxMoeBatch <= kBlockThreads);
-  const bool real_token = int(threadIdx.x) < p.batch && !pad_row(p, threadIdx.x);
+  const bool real_token = int(threadIdx.x) < p.batch && !device::is_pad_row(p.slot_ids, threadIdx.x);
   for (int i = threadIdx.x; i < slots; i += kBlockThreads) {  // one round trip up to 256 slots
     const int id = __ldcg(p.ids + i);
     s.weights[i] = __ldcg(p.weights + i);
@@ -268,7 +266,7 @@ __device__ __forceinline__ float load_h_block(const ExpertsTileParams& p, int t,
 #pragma unroll
   for (int i = 0; i < 8; ++i) sum_sq = fmaf(v[i], v[i], sum_sq);
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) sum_sq += __shfl_xor_sync(0xFFFFFFFFu, sum_sq, offset);
+  sum_sq = device::warp_sum(sum_sq);
   return sum_sq;
 }
 

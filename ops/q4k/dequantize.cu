@@ -35,11 +35,12 @@ __global__ void dequantize_kernel(const Block* __restrict__ in, Out* __restrict_
 
 template <class Out>
 Status launch(const Block* in, Out* out, std::int64_t n, cudaStream_t stream, std::size_t out_align) {
+  const char* op = "q4k::dequantize";
   ENCORE_REQUIRE(n > 0 && n % kBlockValues == 0, StatusCode::kInvalidArgument,
                  "q4k::dequantize: n must be a positive multiple of 256 (got ", n, ")");
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(in, 16, "q4k::dequantize: in"));
-  ENCORE_RETURN_IF_ERROR(detail::check_pointer(out, out_align, "q4k::dequantize: out"));
-  ENCORE_RETURN_IF_ERROR(detail::check_no_overlap(in, row_bytes(n), "in", out, n * sizeof(Out), "out"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, in, 16, "in"));
+  ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, out, out_align, "out"));
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {in, row_bytes(n), "in"}, {out, n * sizeof(Out), "out"}));
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   const std::int64_t chunks = n / kBlockValues * 8;
   const int threads = 256;

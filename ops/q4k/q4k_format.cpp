@@ -9,6 +9,15 @@
 
 namespace encore::q4k {
 
+namespace {
+Status check_row(const char* op, const void* in, const void* out, std::int64_t n) {
+  ENCORE_REQUIRE(n >= 0 && n % kBlockValues == 0, StatusCode::kInvalidArgument, op,
+                 ": n must be a non-negative multiple of 256 (got ", n, ")");
+  ENCORE_REQUIRE(n == 0 || (in != nullptr && out != nullptr), StatusCode::kNullPointer, op, ": in or out is null");
+  return {};
+}
+}  // namespace
+
 void unpack_scales(const Block& b, std::uint8_t sc[8], std::uint8_t m[8]) {
   const std::uint8_t* s = b.scales;
   for (int j = 0; j < 4; ++j) {
@@ -75,7 +84,8 @@ std::uint16_t float_to_half(float f) {
   return std::uint16_t(sign | q);
 }
 
-void dequantize_row(const Block* in, float* out, std::int64_t n) {
+Status dequantize_row(const Block* in, float* out, std::int64_t n) {
+  ENCORE_RETURN_IF_ERROR(check_row("q4k::dequantize_row", in, out, n));
   for (std::int64_t b = 0; b < n / kBlockValues; ++b) {
     const Block& blk = in[b];
     std::uint8_t sc[8], m[8];
@@ -89,6 +99,7 @@ void dequantize_row(const Block* in, float* out, std::int64_t n) {
       y[j] = (d * sc[s]) * float(q) - dmin * m[s];
     }
   }
+  return {};
 }
 
 namespace {
@@ -165,7 +176,8 @@ float fit_sub_block(const float* x, const float* w, std::uint8_t* L, float* the_
 
 }  // namespace
 
-void quantize_row(const float* in, Block* out, std::int64_t n) {
+Status quantize_row(const float* in, Block* out, std::int64_t n) {
+  ENCORE_RETURN_IF_ERROR(check_row("q4k::quantize_row", in, out, n));
   for (std::int64_t b = 0; b < n / kBlockValues; ++b) {
     const float* x = in + b * kBlockValues;
     Block& y = out[b];
@@ -201,6 +213,7 @@ void quantize_row(const float* in, Block* out, std::int64_t n) {
     for (int g = 0; g < 4; ++g)
       for (int l = 0; l < 32; ++l) y.qs[32 * g + l] = std::uint8_t(L[64 * g + l] | (L[64 * g + 32 + l] << 4));
   }
+  return {};
 }
 
 }  // namespace encore::q4k

@@ -95,6 +95,7 @@ Status Megakernel::build(Pipeline& pipeline, Megakernel& out, const MegakernelOp
                  program.smem, " bytes of shared memory does not fit on an SM (registers or shared memory)");
 
   mk.pipeline_ = &pipeline;
+  mk.batch_ = pipeline.batch();
   mk.kernel_ = kernel;
   mk.grid_ = program.grid, mk.tokens_ = program.tokens, mk.count_ = count, mk.smem_ = program.smem;
   mk.counters_offset_ = layout.counters, mk.counters_bytes_ = layout.trace - layout.counters, mk.report_offset_ = layout.report;
@@ -136,6 +137,8 @@ Status Megakernel::launch(cudaStream_t stream) const {
 
 Status Megakernel::run(cudaStream_t stream) const {
   ENCORE_REQUIRE(device_ && pipeline_, StatusCode::kInvalidArgument, "Megakernel::run: nothing built");
+  ENCORE_REQUIRE(pipeline_->staged_rows() <= batch_, StatusCode::kOutOfRange, "Megakernel::run: the staged step has ",
+                 pipeline_->staged_rows(), " rows; the program was built for batch ", batch_, " (build again after set_batch)");
   ENCORE_RETURN_IF_ERROR(pipeline_->enqueue_inputs(stream));
   return launch(stream);
 }

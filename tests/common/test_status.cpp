@@ -23,15 +23,15 @@ TEST(Status, CarriesCodeAndMessage) {
 
 TEST(Checks, PointerNullAndAlignment) {
   alignas(16) static char buf[64];
-  EXPECT_EQ(detail::check_pointer(nullptr, 16, "p").code(), StatusCode::kNullPointer);
-  EXPECT_EQ(detail::check_pointer(buf + 4, 16, "p").code(), StatusCode::kMisaligned);
-  EXPECT_TRUE(detail::check_pointer(buf + 16, 16, "p").ok());
+  EXPECT_EQ(detail::check_pointer("op", nullptr, 16, "p").code(), StatusCode::kNullPointer);
+  EXPECT_EQ(detail::check_pointer("op", buf + 4, 16, "p").code(), StatusCode::kMisaligned);
+  EXPECT_TRUE(detail::check_pointer("op", buf + 16, 16, "p").ok());
 }
 
 TEST(Checks, Overlap) {
   static char buf[64];
-  EXPECT_EQ(detail::check_no_overlap(buf, 32, "a", buf + 16, 32, "b").code(), StatusCode::kOverlap);
-  EXPECT_TRUE(detail::check_no_overlap(buf, 32, "a", buf + 32, 32, "b").ok());
+  EXPECT_EQ(detail::check_disjoint("op", {buf, 32, "a"}, {buf + 16, 32, "b"}).code(), StatusCode::kOverlap);
+  EXPECT_TRUE(detail::check_disjoint("op", {buf, 32, "a"}, {buf + 32, 32, "b"}).ok());
 }
 
 // The tensor-map helper checks the layout itself before it asks the driver (CPU: no driver call).
@@ -67,6 +67,24 @@ TEST(Checks, InvalidatedCaptureIsAFailedStream) {
   if (graph) cudaGraphDestroy(graph);
   cudaGetLastError();
   cudaStreamDestroy(stream);
+}
+
+
+// Without a GPU (CI), a launcher's stream check reports kNoDevice rather than a raw CUDA error.
+TEST(Checks, NoDeviceIsItsOwnCode) {
+  if (test::sm_count() > 0) GTEST_SKIP() << "a GPU is present";
+  EXPECT_EQ(detail::check_stream(nullptr).code(), StatusCode::kNoDevice);
+  EXPECT_EQ(detail::cuda_status(cudaErrorInsufficientDriver, "x").code(), StatusCode::kNoDevice);
+  EXPECT_EQ(detail::cuda_status(cudaErrorNoDevice, "x").code(), StatusCode::kNoDevice);
+  EXPECT_EQ(detail::cuda_status(cudaErrorInvalidValue, "x").code(), StatusCode::kCudaError);
+}
+
+TEST(Checks, DisjointSetsNameTheOpAndBothBuffers) {
+  static char buf[256];
+  const Status s = detail::check_disjoint("some_op", {{buf, 64, "in0"}, {nullptr, 64, "absent"}}, {{buf + 128, 64, "out0"}, {buf + 160, 8, "out1"}});
+  EXPECT_EQ(s.code(), StatusCode::kOverlap);
+  EXPECT_NE(s.message().find("some_op: out0 and out1 overlap"), std::string::npos) << s.message();
+  EXPECT_TRUE(detail::check_disjoint("some_op", {{buf, 64, "in0"}}, {{buf + 64, 64, "out0"}, {nullptr, 64, "absent"}}).ok());
 }
 
 }  // namespace

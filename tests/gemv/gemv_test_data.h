@@ -16,7 +16,7 @@ inline std::vector<q4k::Block> random_q4k_matrix(std::int64_t n, std::int64_t k,
   std::vector<q4k::Block> w(std::size_t(n) * (k / 256));
   if (n * k <= (std::int64_t(1) << 21)) {
     auto values = random_normal(std::size_t(n * k), rng, 0.f, 1.f / std::sqrt(float(k)));
-    q4k::quantize_row(values.data(), w.data(), n * k);
+    EXPECT_TRUE(q4k::quantize_row(values.data(), w.data(), n * k).ok());
     return w;
   }
   auto* bytes = reinterpret_cast<std::uint8_t*>(w.data());

@@ -60,9 +60,9 @@ TEST(Q4kGemvValidation, Dimensions) {
   EXPECT_EQ(plain(a), StatusCode::kInvalidArgument);
   a = valid_plain();
   a.batch = 0;
-  EXPECT_EQ(plain(a), StatusCode::kInvalidArgument);
+  EXPECT_EQ(plain(a), StatusCode::kOutOfRange);
   a.batch = ops::kMaxGemvBatch + 1;
-  EXPECT_EQ(plain(a), StatusCode::kInvalidArgument);
+  EXPECT_EQ(plain(a), StatusCode::kOutOfRange);
   a = valid_plain();
   a.x_stride = 1022;  // < k
   EXPECT_EQ(plain(a), StatusCode::kInvalidArgument);
@@ -178,6 +178,35 @@ TEST(Q4kGemvCore, ChoiceByBatchAndK) {
   EXPECT_EQ(ops::q4k_gemv_core(2304, 3, 1, GemvCore::kMma), GemvCore::kDp4a);  // below its 8-token tier
   EXPECT_EQ(ops::q4k_gemv_core(2304, 5, 2, GemvCore::kMma), GemvCore::kMma);
   EXPECT_EQ(ops::q4k_gemv_core(1000, 16, 1), GemvCore::kDp4a);  // invalid dims: nothing runs
+}
+
+
+// Values outside the documented domain: an infinite eps, an output mode that is not in the enum.
+TEST(Q4kGemvValidation, EpsAndOutputModeDomains) {
+  auto r = valid_rmsnorm();
+  r.eps = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(ops::rmsnorm_q4k_gemv_validate(r).code(), StatusCode::kInvalidArgument);
+  r.eps = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(ops::rmsnorm_q4k_gemv_validate(r).code(), StatusCode::kInvalidArgument);
+  auto g = valid_gate_up();
+  g.output = ops::GateUpOutput(5);
+  const Status s = ops::gate_up_q4k_gemv_validate(g);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("gate_up_q4k_gemv: output"), std::string::npos) << s.message();
+  g = valid_gate_up();
+  g.gamma = g_y;  // any aligned pointer: the eps check comes first
+  g.eps = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(ops::gate_up_q4k_gemv_validate(g).code(), StatusCode::kInvalidArgument);
+}
+
+// Messages name the op and the argument.
+TEST(Q4kGemvValidation, MessagesNameOpAndArgument) {
+  auto g = valid_gate_up();
+  g.up = nullptr;
+  const Status s = ops::gate_up_q4k_gemv_validate(g);
+  EXPECT_EQ(s.code(), StatusCode::kNullPointer);
+  EXPECT_NE(s.message().find("gate_up_q4k_gemv"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("up"), std::string::npos) << s.message();
 }
 
 }  // namespace

@@ -9,8 +9,8 @@ int main() {
   std::vector<float> x(256), y(256);
   for (int i = 0; i < 256; ++i) x[i] = std::sin(0.1f * i);
   encore::q4k::Block block;
-  encore::q4k::quantize_row(x.data(), &block, 256);
-  encore::q4k::dequantize_row(&block, y.data(), 256);
+  if (!encore::q4k::quantize_row(x.data(), &block, 256).ok() || !encore::q4k::dequantize_row(&block, y.data(), 256).ok())
+    return 1;
   double err = 0, ref = 0;
   for (int i = 0; i < 256; ++i) err += (x[i] - y[i]) * (x[i] - y[i]), ref += x[i] * x[i];
   encore::ops::Q4kGemvParams p;  // k = 0: rejected before any CUDA call

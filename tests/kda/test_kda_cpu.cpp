@@ -159,7 +159,7 @@ TEST_F(KdaValidation, RejectsBadDims) {
   p.proj_stride = ops::kda_proj_width(p);
   expect_code(p, StatusCode::kInvalidArgument, "gate_rank 512");
   p = good(), p.batch = 0;
-  expect_code(p, StatusCode::kInvalidArgument, "batch 0");
+  expect_code(p, StatusCode::kOutOfRange, "batch 0");
   p = good(), p.num_slots = 0;
   expect_code(p, StatusCode::kInvalidArgument, "num_slots 0");
   p = good(), p.proj_stride -= 4;
@@ -245,6 +245,17 @@ TEST_F(KdaValidation, HelpersRejectBadInput) {
   EXPECT_EQ(ops::kda_export_state_vk(state, 4, 32, 128, 2, state + 2 * ops::kda_recurrent_state_floats_per_slot(32, 128),
                                      nullptr).code(),
             StatusCode::kOverlap);
+}
+
+
+TEST_F(KdaValidation, ConvLayoutOutsideTheEnumIsRejected) {
+  float* pool = static_cast<float*>(fake(20));
+  float* buffer = static_cast<float*>(fake(21));
+  const Status in = ops::kda_import_conv_state(pool, 4, 2, 64, 1, buffer, ops::KdaConvLayout(9), nullptr);
+  EXPECT_EQ(in.code(), StatusCode::kInvalidArgument) << in.to_string();
+  EXPECT_NE(in.message().find("kda_import_conv_state: layout"), std::string::npos) << in.message();
+  EXPECT_EQ(ops::kda_export_conv_state(pool, 4, 2, 64, 1, buffer, ops::KdaConvLayout(9), nullptr).code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -228,7 +228,7 @@ TEST(MlaValidationCpu, AttentionRejectsBadInputBeforeLaunch) {
   { auto p = good_attention(); p.cache.max_pages_per_seq = 9; expect(p, StatusCode::kOutOfRange); }
   { auto p = good_attention(); p.cache.num_pages = 0; expect(p, StatusCode::kInvalidArgument); }
   { auto p = good_attention(); p.softmax_scale = 0.f; expect(p, StatusCode::kInvalidArgument); }
-  { auto p = good_attention(); p.batch = 0; expect(p, StatusCode::kInvalidArgument); }
+  { auto p = good_attention(); p.batch = 0; expect(p, StatusCode::kOutOfRange); }
   { auto p = good_attention(); p.lse = p.o_lat + 100; expect(p, StatusCode::kOverlap); }
   { auto p = good_attention(); p.partial_o = fake<float>(0x10000000); expect(p, StatusCode::kOverlap); }  // on the cache
   { auto p = good_attention(); p.counters = fake<std::int32_t>(0x250002); expect(p, StatusCode::kMisaligned); }

@@ -303,7 +303,7 @@ TEST(MoeValidation, ExpertsRejectBadInput) {
   check([](auto& p) { p.num_experts = 4, p.top_k = 8; }, StatusCode::kInvalidArgument);  // k > E
   check([](auto& p) { p.batch = 65; }, StatusCode::kOutOfRange);                           // over the captured maximum
   check([](auto& p) { p.max_batch = 16, p.batch = 17; }, StatusCode::kOutOfRange);
-  check([](auto& p) { p.max_batch = 65; }, StatusCode::kInvalidArgument);
+  check([](auto& p) { p.max_batch = 65; }, StatusCode::kOutOfRange);
   check([](auto& p) { p.inter = 4096; }, StatusCode::kInvalidArgument);
   check([](auto& p) { p.hidden = 1000; }, StatusCode::kInvalidArgument);
   check([](auto& p) { p.num_shared = 5; }, StatusCode::kInvalidArgument);
@@ -398,6 +398,18 @@ TEST(MoeExpertsPlan, InBlockListOnlyWhereEveryGateUpBlockGetsOneItem) {
   EXPECT_EQ(ops::moe_experts_plan(p, &here, -1, kSmem).code(), StatusCode::kInvalidArgument);
   p.batch = 65;
   EXPECT_EQ(ops::moe_experts_plan(p, &here, kSms, kSmem).code(), StatusCode::kOutOfRange);
+}
+
+
+TEST(MoeValidation, RouterNormEpsMustBePositive) {
+  auto p = good_router();
+  p.norm_weight = reinterpret_cast<const float*>((std::uintptr_t(40) + 1) << 32);
+  p.norm_eps = 0.f;
+  const Status s = ops::moe_router_validate(p);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("moe_router: norm_eps"), std::string::npos) << s.message();
+  p.norm_eps = 1e-5f;
+  EXPECT_TRUE(ops::moe_router_validate(p).ok()) << ops::moe_router_validate(p).to_string();
 }
 
 }  // namespace

@@ -97,7 +97,7 @@ TEST(BufferLayout, OptionsAreChecked) {
   const ModelConfig c = ModelConfig::tiny();
   TensorArena b;
   BufferOptions o = options(17);  // beyond the GEMV's 16 rows
-  EXPECT_EQ(build_buffer_layout(c, o, b).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(build_buffer_layout(c, o, b).code(), StatusCode::kOutOfRange);
   o = options();
   o.mla_num_parts = 0;
   EXPECT_EQ(build_buffer_layout(c, o, b).code(), StatusCode::kInvalidArgument);

@@ -1,8 +1,11 @@
 // Model configuration: layer lists, validation, and the byte budget of one decode step against the
 // totals published in docs/model.md §5 (an independent hand count).
 #include <encore/pipeline/model_config.h>
+#include <encore/pipeline/pipeline.h>
 
 #include <cmath>
+#include <limits>
+#include <memory>
 
 #include "test_util.h"
 
@@ -81,6 +84,25 @@ TEST(ModelConfig, KimiBatchBudgetMatchesTheSpec) {
   const ModelConfig c = ModelConfig::kimi_linear_48b();
   const std::pair<int, double> table[] = {{1, 1.97e9}, {8, 7.94e9}, {32, 21.85e9}, {64, 31.90e9}};
   for (auto [batch, bytes] : table) EXPECT_NEAR(step_bytes(c, batch, 4096).total(), bytes, 0.01e9) << "batch " << batch;
+}
+
+
+// Pipeline::create refuses a model its stages cannot run before it allocates anything: the same
+// code on a machine with or without a GPU (the stage checks run on the host over stand-in bases).
+TEST(PipelineCreate, RefusesBadModelsBeforeAllocating) {
+  BufferOptions o;
+  o.max_batch = 2, o.max_slots = 4, o.max_pages = 8, o.max_pages_per_seq = 4, o.mla_num_parts = 132;
+  auto refused = [&](const char* what, auto edit) {
+    ModelConfig c = ModelConfig::tiny();
+    edit(c);
+    std::unique_ptr<Pipeline> p;
+    const Status s = Pipeline::create(c, o, p);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what << ": " << s.to_string();
+    EXPECT_EQ(p, nullptr) << what;
+  };
+  refused("rms_eps < 0", [](ModelConfig& c) { c.rms_eps = -1.f; });
+  refused("rms_eps = inf", [](ModelConfig& c) { c.rms_eps = std::numeric_limits<float>::infinity(); });
+  refused("top_k > experts", [](ModelConfig& c) { c.moe.top_k = c.moe.experts + 1; });
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 
 #include <encore/device.h>
 #include <encore/graphs/decode_graph.h>
+#include <encore/pipeline/megakernel.h>
 #include <encore/pipeline/pipeline.h>
 #include <encore/pipeline/weight_layout.h>
 #include <encore/ref/pipeline.h>
@@ -27,6 +28,7 @@ namespace encore::pipeline {
 namespace {
 
 using graphs::DecodeGraph;
+using graphs::DecodeGraphOptions;
 using test::DeviceBuffer;
 
 TEST(StepKernelsGpu, EmbedMatchesTheTable) {
@@ -427,6 +429,69 @@ TEST(PipelineGpuInputs, DecodeGraphRunsAsAChildNode) {
   EXPECT_TRUE(test::bitwise_equal(direct.data(), child.data(), n * 4));
   CUDA_OK(cudaGraphExecDestroy(exec));
   CUDA_OK(cudaGraphDestroy(parent));
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+// A graph captured without the staged-input copy replays the same step once the engine has put the
+// inputs into the step buffers itself (here: the pipeline's own copy, enqueued outside the graph).
+TEST(PipelineGpuInputs, GraphWithoutTheStagingCopyReadsInputsTheEngineWrote) {
+  ENCORE_REQUIRE_GPU();
+  std::unique_ptr<Pipeline> p;
+  ENCORE_OK(Pipeline::create(ModelConfig::tiny(), tiny_options(), p));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ENCORE_OK(p->fill_random_weights(test::fresh_seed(), stream));
+  DecodeGraph with_copy, stages_only;
+  ENCORE_OK(DecodeGraph::capture(*p, stream, with_copy));
+  DecodeGraphOptions no_copy;
+  no_copy.copy_staged_inputs = false;
+  ENCORE_OK(DecodeGraph::capture(*p, stream, stages_only, no_copy));
+  EXPECT_EQ(stages_only.num_nodes() + 1, with_copy.num_nodes());
+  const std::size_t n = std::size_t(3) * p->config().vocab;
+  std::vector<float> a(n), b(n);
+  ENCORE_OK(p->reset_state(stream));
+  ENCORE_OK(p->set_step(step_inputs(0, p->config())));
+  ENCORE_OK(with_copy.replay(stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaMemcpy(a.data(), p->logits(), n * 4, cudaMemcpyDeviceToHost));
+
+  ENCORE_OK(p->reset_state(stream));
+  CUDA_OK(cudaMemsetAsync(const_cast<float*>(p->logits()), 0xFF, n * 4, stream));
+  ENCORE_OK(p->enqueue_inputs(stream));  // the engine's own write of step.* (same bytes)
+  ENCORE_OK(stages_only.replay(stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaMemcpy(b.data(), p->logits(), n * 4, cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(test::bitwise_equal(a.data(), b.data(), n * 4));
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+// A step staged with more rows than a graph or program was built for is refused, not cut short.
+TEST(PipelineGpuInputs, StepsWiderThanTheCapturedBatchAreRefused) {
+  ENCORE_REQUIRE_GPU();
+  std::unique_ptr<Pipeline> p;
+  ENCORE_OK(Pipeline::create(ModelConfig::tiny(), tiny_options(), p));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ENCORE_OK(p->fill_random_weights(test::fresh_seed(), stream));
+  ENCORE_OK(p->set_batch(2));
+  DecodeGraph graph;
+  ENCORE_OK(DecodeGraph::capture(*p, stream, graph));
+  Megakernel mk;
+  ENCORE_OK(Megakernel::build(*p, mk));
+  EXPECT_EQ(graph.batch(), 2);
+  EXPECT_EQ(mk.batch(), 2);
+  ENCORE_OK(p->set_batch(3));
+  ENCORE_OK(p->set_step(step_inputs(0, p->config())));  // three rows
+  EXPECT_EQ(graph.replay(stream).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(mk.run(stream).code(), StatusCode::kOutOfRange);
+  StepInputs two = step_inputs(0, p->config());
+  for (auto* v : {&two.token_ids, &two.positions, &two.seq_lens, &two.slot_ids}) v->resize(2);
+  two.block_table.resize(2 * kPagesPerSeq);
+  ENCORE_OK(p->set_step(two));
+  ENCORE_OK(graph.replay(stream));
+  ENCORE_OK(mk.run(stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  ENCORE_OK(p->read_errors(stream));
   CUDA_OK(cudaStreamDestroy(stream));
 }
 

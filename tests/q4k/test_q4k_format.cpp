@@ -79,7 +79,7 @@ TEST(Q4kFormat, ScalePackingRoundTripsEveryValue) {
 TEST(Q4kFormat, HandBuiltBlockDecodesPerSpecTable) {
   const Block b = hand_built_block();
   std::vector<float> out(256);
-  dequantize_row(&b, out.data(), 256);
+  ASSERT_TRUE(dequantize_row(&b, out.data(), 256).ok());
   for (int j = 0; j < 256; ++j) ASSERT_EQ(out[j], spec_value(b, j)) << "j=" << j;
   // Spot checks straight from docs/q4k.md §4's table.
   const auto* B = reinterpret_cast<const std::uint8_t*>(&b);
@@ -102,7 +102,7 @@ TEST(Q4kFormat, OneHotCodesLandOnTheirValue) {
     const int byte = 32 * (j / 64) + j % 32;
     one.qs[byte] = (j / 32) % 2 == 0 ? 0x0F : 0xF0;
     std::vector<float> out(256);
-    dequantize_row(&one, out.data(), 256);
+    ASSERT_TRUE(dequantize_row(&one, out.data(), 256).ok());
     for (int i = 0; i < 256; ++i) {
       const float expected = (d * sc[i / 32]) * (i == j ? 15.f : 0.f) - dmin * m[i / 32];
       ASSERT_EQ(out[i], expected) << "hot j=" << j << " i=" << i;
@@ -118,7 +118,7 @@ TEST(Q4kFormat, SpecialScaleValues) {
       b.d = d;
       b.dmin = dmin;
       std::vector<float> out(256);
-      dequantize_row(&b, out.data(), 256);
+      ASSERT_TRUE(dequantize_row(&b, out.data(), 256).ok());
       for (int j = 0; j < 256; ++j) ASSERT_EQ(out[j], spec_value(b, j)) << std::hex << d << " " << dmin << " j=" << std::dec << j;
     }
   // The largest block: sc = m = 63, d = dmin = 65504, all codes 15.
@@ -128,7 +128,7 @@ TEST(Q4kFormat, SpecialScaleValues) {
   big.d = big.dmin = 0x7BFF;
   std::memset(big.qs, 0xFF, sizeof(big.qs));
   std::vector<float> out(256);
-  dequantize_row(&big, out.data(), 256);
+  ASSERT_TRUE(dequantize_row(&big, out.data(), 256).ok());
   for (float v : out) EXPECT_EQ(v, 65504.f * 63.f * 15.f - 65504.f * 63.f);
 }
 
@@ -157,8 +157,8 @@ TEST(Q4kFormat, HalfConversionsMatchCuda) {
 double round_trip_error(const std::vector<float>& x) {
   std::vector<Block> q(x.size() / 256);
   std::vector<float> y(x.size());
-  quantize_row(x.data(), q.data(), std::int64_t(x.size()));
-  dequantize_row(q.data(), y.data(), std::int64_t(x.size()));
+  EXPECT_TRUE(quantize_row(x.data(), q.data(), std::int64_t(x.size())).ok());
+  EXPECT_TRUE(dequantize_row(q.data(), y.data(), std::int64_t(x.size())).ok());
   return test::rel_l2(y, x);
 }
 
@@ -183,25 +183,25 @@ TEST(Q4kQuantize, EdgeBlocks) {
   }
   std::vector<float> y(256);
   Block b;
-  quantize_row(zeros.data(), &b, 256);
-  dequantize_row(&b, y.data(), 256);
+  ASSERT_TRUE(quantize_row(zeros.data(), &b, 256).ok());
+  ASSERT_TRUE(dequantize_row(&b, y.data(), 256).ok());
   for (float v : y) EXPECT_EQ(v, 0.f);
 
-  quantize_row(constant.data(), &b, 256);
-  dequantize_row(&b, y.data(), 256);
+  ASSERT_TRUE(quantize_row(constant.data(), &b, 256).ok());
+  ASSERT_TRUE(dequantize_row(&b, y.data(), 256).ok());
   for (float v : y) EXPECT_NEAR(v, -1.5f, 1.5f * 2e-3f);  // the min carries it (fp16 dmin * 63)
 
-  quantize_row(positive.data(), &b, 256);
-  dequantize_row(&b, y.data(), 256);
+  ASSERT_TRUE(quantize_row(positive.data(), &b, 256).ok());
+  ASSERT_TRUE(dequantize_row(&b, y.data(), 256).ok());
   for (float v : y) EXPECT_NEAR(v, 2.25f, 2.25f * 2e-3f);
 
-  quantize_row(with_zero_sub.data(), &b, 256);
-  dequantize_row(&b, y.data(), 256);
+  ASSERT_TRUE(quantize_row(with_zero_sub.data(), &b, 256).ok());
+  ASSERT_TRUE(dequantize_row(&b, y.data(), 256).ok());
   for (int i = 96; i < 128; ++i) EXPECT_NEAR(y[i], 0.f, 1e-6f);
 
-  quantize_row(tiny.data(), &b, 256);
+  ASSERT_TRUE(quantize_row(tiny.data(), &b, 256).ok());
   EXPECT_EQ(half_to_float(b.d), 0.f);
-  dequantize_row(&b, y.data(), 256);
+  ASSERT_TRUE(dequantize_row(&b, y.data(), 256).ok());
   for (float v : y) EXPECT_TRUE(std::isfinite(v));
 }
 
@@ -230,9 +230,24 @@ TEST(Q4kFormat, MatchesGgufPyDecoder) {
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::vector<float> theirs(std::size_t(blocks) * 256), ours(theirs.size());
   std::ifstream(out, std::ios::binary).read(reinterpret_cast<char*>(theirs.data()), std::streamsize(theirs.size() * 4));
-  dequantize_row(q.data(), ours.data(), std::int64_t(ours.size()));
+  ASSERT_TRUE(dequantize_row(q.data(), ours.data(), std::int64_t(ours.size())).ok());
   for (std::size_t i = 0; i < ours.size(); ++i)
     ASSERT_EQ(std::memcmp(&ours[i], &theirs[i], 4), 0) << "value " << i << ": ours " << ours[i] << " gguf " << theirs[i];
+}
+
+
+// A row length that is not whole blocks is refused, and nothing is written.
+TEST(Q4kFormat, RowsMustBeWholeBlocks) {
+  std::vector<float> x(512, 1.f), y(512, -7.f);
+  std::vector<Block> q(2);
+  std::memset(q.data(), 0x5A, q.size() * sizeof(Block));
+  EXPECT_EQ(quantize_row(x.data(), q.data(), 300).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(reinterpret_cast<const unsigned char*>(q.data())[0], 0x5A);
+  EXPECT_EQ(dequantize_row(q.data(), y.data(), 257).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(y[0], -7.f);
+  EXPECT_EQ(quantize_row(x.data(), q.data(), -256).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(quantize_row(nullptr, q.data(), 256).code(), StatusCode::kNullPointer);
+  EXPECT_TRUE(quantize_row(x.data(), q.data(), 0).ok());
 }
 
 }  // namespace

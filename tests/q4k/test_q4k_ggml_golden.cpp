@@ -111,7 +111,7 @@ TEST(Q4kGgmlGolden, InputGeneratorMatchesGolden) {
 TEST(Q4kGgmlGolden, QuantizeRowMatchesGgmlByteForByte) {
   const std::vector<float> x = make_golden_input();
   std::vector<Block> got(kBlocks);
-  encore::q4k::quantize_row(x.data(), got.data(), std::int64_t(x.size()));
+  ASSERT_TRUE(encore::q4k::quantize_row(x.data(), got.data(), std::int64_t(x.size())).ok());
   const auto* g = reinterpret_cast<const unsigned char*>(got.data());
   const unsigned char* want = golden::kGgmlGoldenQ4K;
   int bad_blocks = 0;
@@ -134,7 +134,7 @@ TEST(Q4kGgmlGolden, QuantizeRowMatchesGgmlByteForByte) {
 TEST(Q4kGgmlGolden, DequantizeRowMatchesGgmlBitForBit) {
   const std::vector<Block> blocks = golden_blocks();
   std::vector<float> y(std::size_t(kBlocks) * kBlockValues);
-  encore::q4k::dequantize_row(blocks.data(), y.data(), std::int64_t(y.size()));
+  ASSERT_TRUE(encore::q4k::dequantize_row(blocks.data(), y.data(), std::int64_t(y.size())).ok());
   for (int b = 0; b < kBlocks; ++b)
     EXPECT_EQ(fnv1a64(y.data() + std::size_t(b) * kBlockValues, kBlockValues * sizeof(float)),
               golden::kGgmlGoldenDequantBlockFnv[b])

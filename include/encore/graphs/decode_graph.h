@@ -23,6 +23,13 @@
 
 namespace encore::graphs {
 
+struct DecodeGraphOptions {
+  // true: the step starts with the copy of Pipeline::set_step's pinned staging buffer. false: the
+  // graph is the stages alone, for engines that write the step inputs (pipeline.buffer("step.*"))
+  // into device memory themselves before each replay.
+  bool copy_staged_inputs = true;
+};
+
 class DecodeGraph final : public pipeline::DecodeStep {
  public:
   DecodeGraph() = default;
@@ -32,13 +39,17 @@ class DecodeGraph final : public pipeline::DecodeStep {
   DecodeGraph(const DecodeGraph&) = delete;
   DecodeGraph& operator=(const DecodeGraph&) = delete;
 
-  // Captures pipeline.enqueue_step on `stream` (which must not already be capturing) and
-  // instantiates it. On error nothing is kept and the stream is left out of capture.
-  static Status capture(pipeline::Pipeline& pipeline, cudaStream_t stream, DecodeGraph& out);
+  // Captures pipeline.enqueue_step (or its stages alone) on `stream` (which must not already be
+  // capturing) at the pipeline's current batch, and instantiates it. On error nothing is kept and
+  // the stream is left out of capture.
+  static Status capture(pipeline::Pipeline& pipeline, cudaStream_t stream, DecodeGraph& out,
+                        const DecodeGraphOptions& options = {});
 
   bool valid() const { return exec_ != nullptr; }
-  // One decode step: the staged inputs' copy and every stage.
+  // One decode step: the staged inputs' copy and every stage. kOutOfRange, with nothing launched,
+  // when the staged step has more rows than the batch the graph was captured at.
   Status replay(cudaStream_t stream) const;
+  int batch() const { return batch_; }
   Status run(cudaStream_t stream) const override { return replay(stream); }
   const char* path() const override { return "graph"; }
   // The captured graph (owned by this object): nodes and their count for inspection.
@@ -51,6 +62,9 @@ class DecodeGraph final : public pipeline::DecodeStep {
   void release();
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
+  const pipeline::Pipeline* pipeline_ = nullptr;
+  int batch_ = 0;
+  bool copies_inputs_ = true;
 };
 
 }  // namespace encore::graphs

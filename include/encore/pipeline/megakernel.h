@@ -69,7 +69,9 @@ class Megakernel final : public DecodeStep {
   static Status build(Pipeline& pipeline, Megakernel& out, const MegakernelOptions& options = {});
 
   bool valid() const { return device_ != nullptr; }
-  Status run(cudaStream_t stream) const override;  // the staged inputs' copy + the launch
+  // The staged inputs' copy + the launch; kOutOfRange, with nothing launched, when the staged step
+  // has more rows than the batch the program was built for.
+  Status run(cudaStream_t stream) const override;
   const char* path() const override { return "megakernel"; }
   // The launch alone (the caller wrote the step inputs into the pipeline's buffers itself).
   Status launch(cudaStream_t stream) const;
@@ -80,6 +82,7 @@ class Megakernel final : public DecodeStep {
   // The last launch's timeline (options.trace): one entry per instruction. Synchronises `stream`.
   Status trace(cudaStream_t stream, std::vector<MegakernelInstructionTime>& out) const;
 
+  int batch() const { return batch_; }
   int grid() const { return grid_; }
   std::size_t smem_bytes() const { return smem_; }
   int token_tier() const { return tokens_; }
@@ -93,7 +96,7 @@ class Megakernel final : public DecodeStep {
   // program | schedule | map table | counters | wait reports | trace, one allocation
   std::unique_ptr<void, DeviceFree> device_;
   const void* kernel_ = nullptr;
-  int grid_ = 0, tokens_ = 1, count_ = 0;
+  int grid_ = 0, tokens_ = 1, count_ = 0, batch_ = 0;
   std::size_t smem_ = 0;
   std::size_t counters_offset_ = 0, counters_bytes_ = 0, report_offset_ = 0, trace_offset_ = 0, schedule_offset_ = 0;
   std::uint64_t timeout_ns_ = 0;

@@ -36,8 +36,9 @@ struct StepInputs {
 
 class Pipeline {
  public:
-  // Builds the layouts and the stage table (for max_batch rows) and allocates the three arenas and
-  // the pinned staging buffer. options.mla_num_parts = 0 takes ops::mla_num_parts(heads) of the
+  // Builds the layouts and the stage table (for max_batch rows), validates every stage on the host,
+  // then allocates the three arenas and the pinned staging buffer (nothing is allocated when the
+  // model or the options are refused). options.mla_num_parts = 0 takes ops::mla_num_parts(heads) of the
   // current device.
   static Status create(const ModelConfig& config, const BufferOptions& options, std::unique_ptr<Pipeline>& out);
   ~Pipeline();
@@ -76,6 +77,8 @@ class Pipeline {
   // device when the step runs: call this only once the previous step's copy has executed (e.g. after
   // synchronising on its logits).
   Status set_step(const StepInputs& in);
+  // Rows of the last set_step (0 before the first): a step built for fewer rows refuses to run.
+  int staged_rows() const { return staged_rows_; }
   // The whole step on `stream`: the staged inputs' copy, then every stage. Capturable.
   Status enqueue_step(cudaStream_t stream);
   // Its first half, the copy alone: a caller may then run the stages itself (run_stage), e.g. to
@@ -87,11 +90,13 @@ class Pipeline {
 
  private:
   Pipeline() = default;
+  Status build_stages(const ArenaBases& bases, int rows, std::vector<Stage>& out) const;
   ModelConfig config_;
   BufferOptions options_;
   TensorArena weight_layout_, buffer_layout_, state_layout_;
   std::vector<Stage> stages_;
   int batch_ = 0;
+  int staged_rows_ = 0;
   void* weights_ = nullptr;
   void* buffers_ = nullptr;
   void* state_ = nullptr;
