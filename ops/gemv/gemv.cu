@@ -29,7 +29,7 @@ template <int NTOK, int NMAT>
 __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm<NTOK, NMAT>) gemv_kernel(const __grid_constant__ GemvTileParams p) {
   extern __shared__ __align__(16) char smem[];
   // The first `slots` weight copies of every warp are in flight before the wait for the
-  // upstream kernel (weights never depend on it). No separate L2 prefetch: measured slower.
+  // upstream kernel (weights never depend on it); the ring is the prefetch.
   device::PdlWait wait;
   gemv::gemv_body<NTOK, NMAT, false>(p, device::GridRange{}, smem, wait);
 }
@@ -86,7 +86,7 @@ int plan_memory(GemvTileParams& p, int ntok, int nmat) {
 }
 
 // Relative time of one warp step (8 groups x one block x RL rows, all tokens) on an SM: issue
-// slots over 4 schedulers or shared-memory wavefronts, whichever binds. From the v5 SASS: ~68
+// slots over 4 schedulers or shared-memory wavefronts, whichever binds. From the core's SASS: ~68
 // instructions per block row (loads, scale decode, nibbles) and 6 + 26 RL per token (activation
 // loads, dp4a, scaling); weights cost 9 wavefronts per row, activations 6 loads per token whose
 // wavefronts grow as fewer groups share a block (G = 1: 4, G = 2: 2, G >= 4: 1).
@@ -99,8 +99,7 @@ double step_cost(int row_groups, int ntok, int rl) {
 
 // Row groups G: the G whose busiest SM has the least work (rounds x blocks on it x steps per
 // tile x step cost). Ties go to the larger G (fewer prologues, shared activation reads), except
-// for long rows (>= 32 blocks), where more tiles keep two blocks per SM streaming (H200 sweep,
-// bench/RESULTS.md v5: 4096 x 14336 runs 17.8 us at G = 2, 20.6 at G = 4).
+// for long rows (>= 32 blocks), where more tiles keep two blocks per SM streaming.
 void plan(GemvTileParams& p, int ntok, int nmat, int sms) {
   const int rl = gemv::rows_per_group(ntok, nmat);
   double best_cost = -1;
@@ -112,7 +111,7 @@ void plan(GemvTileParams& p, int ntok, int nmat, int sms) {
     q.slot_blocks = gemv::slot_blocks_for(groups, rl, nmat);
     int per_sm = plan_memory(q, ntok, nmat);
     // Long slots (G = 1: 32 blocks at 4 items) can leave no room for one slot's activations of
-    // 16 tokens: then the candidate takes the short slots of gate/up (v6's plan).
+    // 16 tokens: then the candidate takes the short slots of gate/up.
     if (smem_bytes(q, ntok, nmat) > kSmemOnePerSm) {
       q.slot_blocks = gemv::slot_blocks_for(groups, rl, 2);
       per_sm = plan_memory(q, ntok, nmat);
@@ -134,10 +133,8 @@ void plan(GemvTileParams& p, int ntok, int nmat, int sms) {
 // balance between the warps of a group (K = 2304 is 9 blocks: 8 parts leave one warp two blocks
 // and seven one) against tiles for the SMs (1 part: 128-row tiles), by mma_cost. With two blocks
 // per SM (8 tokens) the cost model misjudges short grids, so there fewer than 8 parts only where
-// every block still gets kMmaMinRounds tiles (H200, 8 tokens: 9216 x 2304, 2.2 tiles per block,
-// 14.9 us at 8 parts against 16.9 at 4 and 20.0 at 1; lm_head 149 -> 116 us at 1 part). With one
-// block per SM (16 tokens) the cost model's choice measured best: lm_head 321 -> 208 us, KDA
-// in_proj 12576 x 2304 33.9 -> 28.3, decode B = 16 6680 -> 6520 us against the min-rounds rule.
+// every block still gets kMmaMinRounds tiles; with one block per SM (16 tokens) the cost model's
+// choice is taken (both measured: bench/notes/).
 constexpr int kMmaSlotBlocks = 2;
 constexpr double kMmaReduceSteps = 0.5;  // the cross-part reduction, in K-block steps
 constexpr int kMmaMinRounds = 4;

@@ -1,7 +1,7 @@
 // Device body of the Q4_K GEMV family: one tile = 8 warps x W output rows of one or two matrices
 // (gate/up share the activations) for all tokens of the step.
 //
-// Weights (v5): each warp streams its W rows through its own ring of `slots` shared-memory
+// Weights: each warp streams its W rows through its own ring of `slots` shared-memory
 // buffers, one bulk copy per (matrix, row) and slot of `slot_blocks` K blocks, completion on one
 // mbarrier per buffer. The ring runs ahead across the tiles a block executes (WeightPipe), so the
 // first slots of the next tile are in flight while this one computes; bytes in flight cost no
@@ -74,10 +74,8 @@ inline constexpr int kMmaTileRows = 16;
 // the megakernel, with one block per SM, deepens the same plan up to 8 (the depth changes no bits).
 inline constexpr int kLaunchMaxSlots = 4;
 inline constexpr int kMaxSlots = 8;
-// (row, block) items per group and slot: one matrix 4, gate/up 2. Larger slots mean fewer,
-// longer bulk copies (the planner then keeps fewer slots in the same shared memory). H200 A/B, one
-// matrix, 2 -> 4 items: lm_head b1 75.4 -> 62.5 us, b4 185 -> 146, q/k/v b1 4.03 -> 3.78, Llama up
-// b1 14.3 -> 11.9; gate/up got slower (expert 1024 x 2304 b1 4.13 -> 4.88 us), so it keeps 2.
+// (row, block) items per group and slot: one matrix 4, gate/up 2. Larger slots mean fewer, longer
+// bulk copies; one matrix gains from them, gate/up does not (measurements: bench/notes/).
 inline constexpr int kSlotRowBlocksOneMatrix = 4;
 inline constexpr int kSlotRowBlocksGateUp = 2;
 // Bytes between two tokens' / blocks' activations: 16 more than a block, so the two groups of a
@@ -100,10 +98,7 @@ __host__ __device__ inline int mma_k_end(const GemvTileParams& p, int warp) {
   return (p.k_blocks * ((warp & ((1 << p.mma_part_bits) - 1)) + 1)) >> p.mma_part_bits;
 }
 // Rows per group: the activations of one load serve this many rows. Only 4 tokens of one matrix
-// use 2: at 8-16 tokens one row per group measured fastest on every Kimi and Llama shape but the
-// tallest (H200 A/B at 16 tokens, rows per group 4 / 2 / 1: 4096 x 2304 47.9 / 28.5 / 23.2 us,
-// fused gate/up 1024 x 2304 42.6 / 27.2 / 27.1; lm_head 386 / 403 / 444), since more rows per
-// group need up to 255 registers and a coarser K split.
+// use 2: more rows per group need up to 255 registers and a coarser K split (bench/notes/).
 __host__ __device__ constexpr int rows_per_group(int ntok, int nmat) { return ntok == 4 && nmat == 1 ? 2 : 1; }
 __host__ __device__ constexpr int slot_blocks_for(int row_groups, int rows_per_group, int nmat) {
   const int items = nmat == 1 ? kSlotRowBlocksOneMatrix : kSlotRowBlocksGateUp;
@@ -435,8 +430,7 @@ __device__ void gemv_tile_mma(const GemvTileParams& p, std::int64_t tile, const 
   constexpr int kTokenTiles = NTOK / 8, kRows = kMmaTileRows, kSums = NMAT * kTokenTiles * 4;
   WeightPipe& pipe = state.pipe;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  // The dp4a core's padded pitch: an unpadded one (rows 8 banks apart for the mma lanes) measured
-  // the same for one matrix and 4-9% slower for gate/up at 16 tokens (H200, bench/RESULTS.md).
+  // The dp4a core's padded pitch also serves the mma lanes (an unpadded one was no faster).
   const int pitch = q4k::slot_pitch(p.slot_blocks);
   const std::uint64_t policy = q4k::evict_first_policy();
   if (!state.act_cached) {

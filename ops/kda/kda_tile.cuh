@@ -17,14 +17,8 @@
 //      reduced by one transposed butterfly, 31 shuffles instead of 160);
 //   4. gated RMSNorm of o over the head, write y.
 //
-// Measured (H200, bench_kda, H=32, K=V=128, cold state; bench/RESULTS.md): 4.5 us at B=1 with
-// settled states, 5.45 us without (the dependent chain after the wait: proj -> conv -> gates ->
-// state pass -> norm), ~88-89 us at B=64 (79% of copy bandwidth). The same bytes with no math
-// (bench probes, this tile shape) take 2.6 us at B=1 and 74 us at B=64. Tried and replaced: half-warp
-// per gate row reading W_fb/W_gb from global (16 dependent L2 trips per warp; 12 us at B=1,
-// 155 us at B=64). Open levers: a V-split at small B (docs/kda.md §6), and the 64 KiB of gate weights
-// every tile pulls from L2 (as many bytes as its state read; a tile over several sequences of one
-// head would amortise them); 128 registers cap the kernel at 2 blocks per SM.
+// The chain after the wait (proj -> conv -> gates -> state pass -> norm), not the bytes, bounds
+// the tile at batch 1; measurements and what was tried: bench/notes/.
 #pragma once
 
 #include <cstdint>
@@ -36,8 +30,8 @@
 #include "common/async_copy.cuh"
 #include "common/body.cuh"
 #include "common/block.h"
-#include "common/warp.cuh"
 #include "common/smem_allocator.cuh"
+#include "common/warp.cuh"
 
 namespace encore::kda {
 

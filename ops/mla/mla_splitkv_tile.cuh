@@ -3,9 +3,8 @@
 // accumulate, every operand read from shared memory), online softmax in base 2, P rounded to bf16.
 // One page in shared memory serves K (576 columns) and V (its first 512 columns). Pages stream
 // through a 2-slot TMA ring (mla_page_ring.cuh; layout: mla_splitkv_layout.cuh); split
-// requests are merged by mla_combine or, fused, by mla_fused_combine.cuh. (The mma.sync version
-// of this body measured 2.1 us of math per page on the H200; one bulk copy per row, L2 prefetches
-// of the next pages and a ring of 21 column-block slots were slower and were dropped.)
+// requests are merged by mla_combine or, fused, by mla_fused_combine.cuh. (Other shapes of this
+// body that were measured and dropped: bench/notes/.)
 //
 // Warpgroup roles (2 warpgroups, 256 threads):
 //   scores:  S^T = K Q^T (M = 64 tokens, N = 32 heads); warpgroup g takes the k16 steps 2 s + g

@@ -102,8 +102,7 @@ ExpertsLayout experts_layout(int max_batch, int num_experts, int num_shared, int
 // work list built inside the stream blocks (no prepare kernel:
 // one kernel boundary fewer between the routing and the first weights). It is taken only where
 // every gate/up block gets at most one item (Kimi: B = 1); with several items per block the
-// general plan was faster (H200 A/B in bench/RESULTS.md: decode B = 1 1833 -> 1813 us with it;
-// B = 4 3122 us without it, 3198 with it).
+// general plan is faster (bench/notes/).
 struct StreamPlan {
   moe::StreamShape gate_up, down;
   int tokens = 0, gate_up_grid = 0, down_grid = 0;

@@ -40,19 +40,17 @@ inline constexpr int kMaxRingSlots = 8;
 #ifndef ENCORE_MOE_ACT_BUFFERS
 #define ENCORE_MOE_ACT_BUFFERS 2
 #endif
-// Activation buffers per block: items whose activations are in flight. H200 A/B (bench/RESULTS.md):
-// 3 or 4 took 4-6% off B = 8 and cost 2.5-6% at B = 64 (their smem comes out of the weight rings).
+// Activation buffers per block: items whose activations are in flight (more of them shrink the
+// weight rings; bench/notes/ has the trade).
 inline constexpr int kActBuffers = ENCORE_MOE_ACT_BUFFERS;
 static_assert(kWarpsPerBlock * 8 == kStreamUnits && kTokensPerPass <= kWarpsPerBlock);
 static_assert(kStreamUnits == 2 * kGateUpRows && kStreamUnits == kDownRows);
 
-// Compile-time tuning (H200 A/B in bench/RESULTS.md): stream blocks per SM, and the most K
-// blocks per slot (a TMA box's width: at most 7, the box's 256-word limit). Two blocks per SM
-// beat one at every batch (Kimi layer B = 32: 282 vs 363 us): a block's items run their epilogues
-// and activation waits in series, and a second block fills those gaps. Slots of up to 9 blocks
-// (longer copies) gained 2-5% at one block per SM but leave no room for two; slots of 5 with TMA
-// boxes lost 7-13% from B = 32 (fewer ring slots fit). Batches of at most kTokensPerPass tokens
-// may run both kernels at 3 blocks per SM instead (the launcher's small-batch plan, ops/moe/moe.cu).
+// Compile-time tuning: stream blocks per SM, and the most K blocks per slot (a TMA box's width:
+// at most 7, the box's 256-word limit). Two blocks per SM, because a block's items run their
+// epilogues and activation waits in series and a second block fills those gaps; slots of 4 blocks
+// leave room for both (the A/Bs: bench/notes/). Batches of at most kTokensPerPass tokens may run
+// both kernels at 3 blocks per SM instead (the launcher's small-batch plan, ops/moe/moe.cu).
 #ifndef ENCORE_MOE_STREAM_BLOCKS_PER_SM
 #define ENCORE_MOE_STREAM_BLOCKS_PER_SM 2
 #endif

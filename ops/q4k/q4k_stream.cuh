@@ -1,4 +1,4 @@
-// Streaming pieces of the Q4_K GEMV core (v5): weights reach shared memory through bulk async
+// Streaming pieces of the Q4_K core: weights reach shared memory through bulk async
 // copies (common/async_copy.cuh), so bytes in flight cost no registers; the
 // math then reads a block as one lane of a 4-lane group sees it.
 //
