@@ -156,6 +156,30 @@ void print_trace(const Megakernel& mk, const std::vector<encore::pipeline::Megak
     std::printf("    %-16s %3d  %8.1f  %8.1f  %8.1f\n", name.c_str(), s.count, s.first, s.release, s.work);
 }
 
+// The traced step, one line per instruction: its name, its times (us from the first block's start)
+// and its producers, for reading the dependency chain instruction by instruction.
+void write_trace_csv(const Megakernel& mk, const std::vector<encore::pipeline::MegakernelInstructionTime>& t, const std::string& path) {
+  if (std::system(("mkdir -p \"$(dirname '" + path + "')\"").c_str()) != 0) return;
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) return;
+  std::fprintf(f, "index,name,tiles,blocks,start,first_ready,last_ready,end,producers\n");
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    const auto& info = mk.program()[i];
+    std::string producers;
+    for (const auto* list : {&info.prologue_producers, &info.producers})
+      for (int j : *list) producers += (producers.empty() ? "" : " ") + std::to_string(j);
+    std::fprintf(f, "%zu,%s,%d,%d,%.3f,%.3f,%.3f,%.3f,%s\n", i, info.name.c_str(), info.tiles, t[i].blocks, t[i].start, t[i].first_ready,
+                 t[i].last_ready, t[i].end, producers.c_str());
+  }
+  std::fclose(f);
+  std::FILE* g = std::fopen((path.substr(0, path.size() - 4) + "_blocks.csv").c_str(), "w");
+  if (!g) return;
+  std::fprintf(g, "index,block,start,ready,end\n");
+  for (std::size_t i = 0; i < t.size(); ++i)
+    for (const auto& b : t[i].per_block) std::fprintf(g, "%zu,%d,%.3f,%.3f,%.3f\n", i, b.block, b.start, b.ready, b.end);
+  std::fclose(g);
+}
+
 struct Row {
   int batch, context;
   double graph_us, mk_us, floor_us, mb;
@@ -221,6 +245,7 @@ int main(int argc, char** argv) {
         for (int w = 0; w < 3; ++w) check(traced.run(stream), "megakernel (trace)");
         check(traced.trace(stream, t), "trace");
         print_trace(traced, t);
+        write_trace_csv(traced, t, o.out + "/trace_b" + std::to_string(batch) + "_c" + std::to_string(context) + ".csv");
       }
       std::fflush(stdout);
     }

@@ -244,7 +244,6 @@ __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0,
         float ss = 0.f;
 #pragma unroll
         for (int i = 0; i < 8; ++i) ss += v[u][i] * v[u][i];
-#pragma unroll
         ss = device::warp_sum(ss);
         if (lane == 0) s.block_ss[t * p.chunk_blocks + j] = ss;
         const float4* g = reinterpret_cast<const float4*>(p.gamma + std::int64_t(kb0 + j) * 256 + lane * 8);
@@ -264,7 +263,6 @@ __device__ __forceinline__ void accumulate_rms(const GemvTileParams& p, int kb0,
   for (int t = warp; t < p.batch; t += kWarpsPerBlock) {
     float part = 0.f;
     for (int j = lane; j < nbc; j += 32) part += s.block_ss[t * p.chunk_blocks + j];
-#pragma unroll
     part = device::warp_sum(part);
     if (lane == 0) {
       const float total = (kb0 == 0 ? 0.f : s.total_ss[t]) + part;

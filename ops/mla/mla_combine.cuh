@@ -46,12 +46,10 @@ __device__ inline float combine_weights_from_lse(int splits, float* weight) {
   const int lane = threadIdx.x % 32;
   float m = -INFINITY;
   for (int i = lane; i < splits; i += 32) m = fmaxf(m, weight[i]);
-#pragma unroll
   m = device::warp_max(m);
   if (m == -INFINITY) m = 0.f;
   float sum = 0.f;
   for (int i = lane; i < splits; i += 32) sum += expf(weight[i] - m);
-#pragma unroll
   sum = device::warp_sum(sum);
   const float lse = sum > 0.f ? m + logf(sum) : INFINITY;
   for (int i = lane; i < splits; i += 32) weight[i] = sum > 0.f ? expf(weight[i] - lse) : 0.f;  // own i only

@@ -272,7 +272,6 @@ __device__ inline void mla_v_up_tile(const MlaVUpParams& p, int tile, Wait& wait
           dot[r] += f.x * x[h][2 * e] + f.y * x[h][2 * e + 1];
         }
       }
-#pragma unroll
       dot[r] = device::warp_sum(dot[r]);
     }
     if (lane == 0)

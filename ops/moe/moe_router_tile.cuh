@@ -238,16 +238,13 @@ __device__ void router_topk_warp(const RouterTopkParams& p, int token, float* ch
 #pragma unroll
     for (int i = 0; i < P; ++i) score[i] = 1.f / (1.f + expf(-score[i]));
   } else {
-    float mx = local_max;
-#pragma unroll
-    mx = device::warp_max(mx);
+    const float mx = device::warp_max(local_max);
     float sum = 0.f;
 #pragma unroll
     for (int i = 0; i < P; ++i) {
       score[i] = present[i] ? expf(score[i] - mx) : 0.f;
       sum += score[i];
     }
-#pragma unroll
     sum = device::warp_sum(sum);
 #pragma unroll
     for (int i = 0; i < P; ++i) score[i] = score[i] / sum;

@@ -265,7 +265,6 @@ __device__ __forceinline__ float load_h_block(const ExpertsTileParams& p, int t,
   float sum_sq = 0.f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) sum_sq = fmaf(v[i], v[i], sum_sq);
-#pragma unroll
   sum_sq = device::warp_sum(sum_sq);
   return sum_sq;
 }

@@ -185,6 +185,10 @@ Status Megakernel::trace(cudaStream_t stream, std::vector<MegakernelInstructionT
     if (!m.blocks) continue;
     auto us = [&](std::uint64_t ns) { return double(ns - origin) * 1e-3; };
     m.start = us(start), m.first_ready = us(first), m.last_ready = us(last), m.end = us(end);
+    for (int b = 0; b < grid_; ++b) {
+      const megakernel::TraceEntry& e = t[std::size_t(i) * grid_ + b];
+      if (e.start) m.per_block.push_back({b, us(e.start), us(e.ready), us(e.end)});
+    }
   }
   return {};
 }

@@ -393,7 +393,7 @@ TEST(PipelineGpuInputs, BadStepInputsAreRejectedBeforeAnythingRuns) {
   BufferOptions too_big = tiny_options();
   too_big.max_batch = 17;
   std::unique_ptr<Pipeline> q;
-  EXPECT_EQ(Pipeline::create(c, too_big, q).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Pipeline::create(c, too_big, q).code(), StatusCode::kOutOfRange);
   EXPECT_EQ(q, nullptr);
 }
 

@@ -54,9 +54,14 @@ struct MegakernelInstruction {
 
 // Where one instruction's time went in the last traced launch (us from the launch's first block
 // start): the earliest arrival, the first and last release by its producers, the last signal.
+struct MegakernelBlockTime {
+  int block = 0;
+  double start = 0, ready = 0, end = 0;  // reached the instruction, passed its wait, signalled
+};
 struct MegakernelInstructionTime {
   double start = 0, first_ready = 0, last_ready = 0, end = 0;
-  int blocks = 0;  // blocks that ran a tile of it
+  int blocks = 0;                            // blocks that ran a tile of it
+  std::vector<MegakernelBlockTime> per_block;  // those blocks' own times
 };
 
 class Megakernel final : public DecodeStep {
