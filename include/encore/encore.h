@@ -2,6 +2,7 @@
 #pragma once
 
 #include <encore/device.h>
+#include <encore/gguf.h>
 #include <encore/graphs/decode_graph.h>
 #include <encore/ops/kda.h>
 #include <encore/ops/mla.h>

@@ -20,6 +20,7 @@ enum class StatusCode {
   kUnsupported,      // a configuration this build does not implement
   kCudaError,        // the CUDA runtime reported an error (stream failed, launch failed, ...)
   kNoDevice,         // no CUDA device is present
+  kInvalidFile,      // a model file that cannot be read or is not what its format says
 };
 
 const char* to_string(StatusCode code);

@@ -13,6 +13,7 @@ const char* to_string(StatusCode code) {
     case StatusCode::kUnsupported: return "unsupported";
     case StatusCode::kCudaError: return "CUDA error";
     case StatusCode::kNoDevice: return "no CUDA device";
+    case StatusCode::kInvalidFile: return "invalid file";
   }
   return "unknown";
 }

@@ -220,7 +220,10 @@ Status kda_reset_slots(float* recurrent_state, float* conv_state, int num_slots,
   ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda_reset_slots", recurrent_state, 16, "recurrent_state"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda_reset_slots", conv_state, 16, "conv_state"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer("kda_reset_slots", slot_ids, 4, "slot_ids"));
-  ENCORE_RETURN_IF_ERROR(detail::check_disjoint("kda_reset_slots", {recurrent_state, num_slots * kda_recurrent_state_floats_per_slot(num_heads, head_dim) * 4, "recurrent_state"}, {conv_state, num_slots * kda_conv_state_floats_per_slot(num_heads, head_dim) * 4, "conv_state"}));
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(
+      "kda_reset_slots",
+      {recurrent_state, std::size_t(num_slots * kda_recurrent_state_floats_per_slot(num_heads, head_dim) * 4), "recurrent_state"},
+      {conv_state, std::size_t(num_slots * kda_conv_state_floats_per_slot(num_heads, head_dim) * 4), "conv_state"}));
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   const std::int64_t rec_vec = kda_recurrent_state_floats_per_slot(num_heads, head_dim) / 4;
   const std::int64_t conv_vec = kda_conv_state_floats_per_slot(num_heads, head_dim) / 4;

@@ -40,7 +40,7 @@ Status launch(const Block* in, Out* out, std::int64_t n, cudaStream_t stream, st
                  "q4k::dequantize: n must be a positive multiple of 256 (got ", n, ")");
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, in, 16, "in"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, out, out_align, "out"));
-  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {in, row_bytes(n), "in"}, {out, n * sizeof(Out), "out"}));
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {in, std::size_t(row_bytes(n)), "in"}, {out, std::size_t(n) * sizeof(Out), "out"}));
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   const std::int64_t chunks = n / kBlockValues * 8;
   const int threads = 256;
