@@ -1,5 +1,6 @@
 list(APPEND ENCORE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/gguf.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gguf_model.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_config.cpp
   ${CMAKE_CURRENT_LIST_DIR}/tensor_arena.cpp
   ${CMAKE_CURRENT_LIST_DIR}/weight_layout.cpp

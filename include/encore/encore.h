@@ -10,6 +10,7 @@
 #include <encore/ops/q4k_gemv.h>
 #include <encore/pipeline/buffer_layout.h>
 #include <encore/pipeline/decode_step.h>
+#include <encore/pipeline/gguf_model.h>
 #include <encore/pipeline/megakernel.h>
 #include <encore/pipeline/model_config.h>
 #include <encore/pipeline/pipeline.h>

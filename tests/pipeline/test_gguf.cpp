@@ -12,33 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "pipeline/gguf_writer.h"
 #include "test_util.h"
 
 namespace encore::gguf {
 namespace {
-
-// Writes GGUF v3 images field by field; `patch` points remember where the fields the corruption
-// tests edit sit.
-class Writer {
- public:
-  template <class T>
-  void put(T v) {
-    const auto* p = reinterpret_cast<const unsigned char*>(&v);
-    bytes.insert(bytes.end(), p, p + sizeof(T));
-  }
-  void str(const std::string& s) {
-    put<std::uint64_t>(s.size());
-    bytes.insert(bytes.end(), s.begin(), s.end());
-  }
-  void key(const std::string& k, ValueType t) {
-    str(k);
-    put<std::uint32_t>(std::uint32_t(t));
-  }
-  void align(std::size_t a) {
-    while (bytes.size() % a) bytes.push_back(0);
-  }
-  std::vector<unsigned char> bytes;
-};
 
 struct Image {
   std::vector<unsigned char> bytes;
@@ -47,7 +25,7 @@ struct Image {
 
 // Three tensors (F32 [8 x 2], Q4_K [256 x 3], F16 [16]) and one key of every value type.
 Image valid_image() {
-  Writer w;
+  test::GgufWriter w;
   Image img{};
   w.put<std::uint32_t>(0x46554747);
   w.put<std::uint32_t>(3);

@@ -1,5 +1,6 @@
 encore_add_test(encore_test_pipeline
   ${CMAKE_CURRENT_LIST_DIR}/test_gguf.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/test_gguf_model.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_model_config.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_weight_layout.cpp
   ${CMAKE_CURRENT_LIST_DIR}/test_buffer_layout.cpp

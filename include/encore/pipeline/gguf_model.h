@@ -1,0 +1,44 @@
+// A kimi-linear GGUF file (as llama.cpp's converter and llama-quantize write it) seen as an encore
+// model (docs/gguf.md §3-§4): the ModelConfig its metadata describes, and for every tensor of
+// encore's weight layout the file tensor(s) it comes from and the conversion it needs. A model or
+// a tensor encore cannot run is refused with the key or tensor, its value or type, and what would
+// work instead. Host only: nothing here touches a device.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <encore/gguf.h>
+#include <encore/pipeline/model_config.h>
+#include <encore/pipeline/tensor_arena.h>
+#include <encore/status.h>
+
+namespace encore::pipeline {
+
+// Reads and checks every key the model needs (general.architecture must be "kimi-linear").
+Status model_config_from_gguf(const gguf::File& file, ModelConfig* out);
+
+enum class TensorConversion {
+  kCopy,         // same bytes (Q4_K blocks, F32 values): the file's data as is
+  kToF32,        // decoded from F32 / F16 / BF16 / Q8_0 / Q5_0 / Q5_1 / Q4_0 / Q4_K to fp32
+  kToBf16,       // the same, rounded to bf16
+  kLogNegA,      // ssm_a holds -exp(A_log): encore keeps A_log = log(-a)
+  kKvBFromKAndV, // attn_k_b (W_UK, transposed per head) and attn_v_b (W_UV) into [head][nope + v][latent] bf16
+  kRowSlice,     // rows [first_row, first_row + rows of the tensor) of a fused file tensor (attn_qkv)
+};
+const char* to_string(TensorConversion c);
+
+struct TensorSource {
+  std::string name;                            // encore's tensor (weight_layout.h)
+  std::vector<const gguf::TensorInfo*> from;   // the file's tensor(s)
+  TensorConversion conversion = TensorConversion::kCopy;
+  std::int64_t first_row = 0;                  // kRowSlice
+};
+
+// The source of every tensor of `weights` (build_weight_layout(config)); kInvalidFile for a
+// missing tensor or a wrong shape, kUnsupported for a type encore does not run (naming the tensor,
+// its type, and `llama-quantize --pure IN OUT Q4_K` as the file that works).
+Status plan_gguf_weights(const gguf::File& file, const ModelConfig& config, const TensorArena& weights,
+                         std::vector<TensorSource>* out);
+
+}  // namespace encore::pipeline

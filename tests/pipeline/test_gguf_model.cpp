@@ -1,0 +1,291 @@
+// A kimi-linear GGUF as encore sees it (CPU): the config its metadata describes and the source of
+// every weight, on a small file written here with llama.cpp's names, shapes and the types
+// llama-quantize gives them (Q4_K projections, Q5_0 rows of 128, F32 norms, conv taps and router).
+#include <encore/pipeline/gguf_model.h>
+#include <encore/pipeline/weight_layout.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "pipeline/gguf_writer.h"
+#include "test_util.h"
+
+namespace encore::pipeline {
+namespace {
+
+using gguf::TensorType;
+using gguf::ValueType;
+
+struct FileTensor {
+  std::string name;
+  std::vector<std::uint64_t> ne;  // ggml order
+  TensorType type;
+};
+
+// The test model: 4 layers (0 dense KDA, 1 KDA, 2 MLA, 3 KDA), hidden 256, 8 heads, 16 experts.
+struct ModelFile {
+  std::map<std::string, std::function<void(test::GgufWriter&)>> keys;
+  std::vector<FileTensor> tensors;
+  float ssm_a = -0.5f;
+
+  ModelFile() {
+    auto u32 = [](std::uint32_t v) { return [v](test::GgufWriter& w) { w.put<std::uint32_t>(std::uint32_t(ValueType::kU32)), w.put(v); }; };
+    auto f32 = [](float v) { return [v](test::GgufWriter& w) { w.put<std::uint32_t>(std::uint32_t(ValueType::kF32)), w.put(v); }; };
+    keys["general.architecture"] = [](test::GgufWriter& w) { w.put<std::uint32_t>(std::uint32_t(ValueType::kString)), w.str("kimi-linear"); };
+    keys["general.name"] = [](test::GgufWriter& w) { w.put<std::uint32_t>(std::uint32_t(ValueType::kString)), w.str("kimi-test"); };
+    keys["kimi-linear.block_count"] = u32(4);
+    keys["kimi-linear.embedding_length"] = u32(256);
+    keys["kimi-linear.feed_forward_length"] = u32(512);
+    keys["kimi-linear.attention.head_count"] = u32(8);
+    keys["kimi-linear.attention.head_count_kv"] = [](test::GgufWriter& w) {
+      w.put<std::uint32_t>(std::uint32_t(ValueType::kArray)), w.put<std::uint32_t>(std::uint32_t(ValueType::kI32));
+      w.put<std::uint64_t>(4);
+      for (int v : {0, 0, 1, 0}) w.put<std::int32_t>(v);
+    };
+    keys["kimi-linear.attention.layer_norm_rms_epsilon"] = f32(1e-5f);
+    keys["kimi-linear.attention.kv_lora_rank"] = u32(512);
+    keys["kimi-linear.attention.key_length_mla"] = u32(192);
+    keys["kimi-linear.attention.value_length_mla"] = u32(128);
+    keys["kimi-linear.rope.dimension_count"] = u32(64);
+    keys["kimi-linear.kda.head_dim"] = u32(128);
+    keys["kimi-linear.ssm.conv_kernel"] = u32(4);
+    keys["kimi-linear.expert_count"] = u32(16);
+    keys["kimi-linear.expert_used_count"] = u32(4);
+    keys["kimi-linear.expert_feed_forward_length"] = u32(256);
+    keys["kimi-linear.expert_shared_count"] = u32(1);
+    keys["kimi-linear.leading_dense_block_count"] = u32(1);
+    keys["kimi-linear.expert_gating_func"] = u32(2);
+    keys["kimi-linear.expert_weights_scale"] = f32(2.446f);
+    keys["kimi-linear.vocab_size"] = u32(512);
+
+    const auto Q = TensorType::kQ4_K, F = TensorType::kF32, Q5 = TensorType::kQ5_0;
+    tensors = {{"token_embd.weight", {256, 512}, Q}, {"output_norm.weight", {256}, F}, {"output.weight", {256, 512}, Q}};
+    for (int l = 0; l < 4; ++l) {
+      auto add = [&](const char* base, std::vector<std::uint64_t> ne, TensorType t) { tensors.push_back({layer_tensor(l, base), ne, t}); };
+      add("attn_norm.weight", {256}, F);
+      add("ffn_norm.weight", {256}, F);
+      if (l == 2) {
+        add("attn_q.weight", {256, 8 * 192}, Q);
+        add("attn_kv_a_mqa.weight", {256, 576}, Q);
+        add("attn_kv_a_norm.weight", {512}, F);
+        add("attn_k_b.weight", {128, 512, 8}, Q5);
+        add("attn_v_b.weight", {512, 128, 8}, Q);
+      } else {
+        for (const char* n : {"attn_q.weight", "attn_k.weight", "attn_v.weight"}) add(n, {256, 1024}, Q);
+        for (const char* n : {"ssm_conv1d_q.weight", "ssm_conv1d_k.weight", "ssm_conv1d_v.weight"}) add(n, {4, 1, 1024, 1}, F);
+        add("ssm_a", {1, 8, 1, 1}, F);
+        add("ssm_dt.bias", {1024}, F);
+        add("ssm_f_a.weight", {256, 128}, Q);
+        add("ssm_f_b.weight", {128, 1024}, Q5);
+        add("ssm_beta.weight", {256, 8}, Q);
+        add("ssm_g_a.weight", {256, 128}, Q);
+        add("ssm_g_b.weight", {128, 1024}, Q5);
+        add("ssm_norm.weight", {128}, F);
+      }
+      add("attn_output.weight", {1024, 256}, Q);
+      if (l == 0) {
+        add("ffn_gate.weight", {256, 512}, Q);
+        add("ffn_up.weight", {256, 512}, Q);
+        add("ffn_down.weight", {512, 256}, Q);
+      } else {
+        add("ffn_gate_inp.weight", {256, 16}, F);
+        add("exp_probs_b.bias", {16}, F);
+        add("ffn_gate_exps.weight", {256, 256, 16}, Q);
+        add("ffn_up_exps.weight", {256, 256, 16}, Q);
+        add("ffn_down_exps.weight", {256, 256, 16}, Q);
+        add("ffn_gate_shexp.weight", {256, 256}, Q);
+        add("ffn_up_shexp.weight", {256, 256}, Q);
+        add("ffn_down_shexp.weight", {256, 256}, Q);
+      }
+    }
+  }
+  FileTensor* find(const std::string& name) {
+    for (FileTensor& t : tensors)
+      if (t.name == name) return &t;
+    return nullptr;
+  }
+  void drop(const std::string& name) {
+    std::erase_if(tensors, [&](const FileTensor& t) { return t.name == name; });
+  }
+
+  std::vector<unsigned char> write() const {
+    test::GgufWriter w;
+    w.put<std::uint32_t>(0x46554747), w.put<std::uint32_t>(3);
+    w.put<std::uint64_t>(tensors.size()), w.put<std::uint64_t>(keys.size());
+    for (const auto& [k, value] : keys) {
+      w.str(k);
+      value(w);
+    }
+    std::vector<std::uint64_t> bytes;
+    std::uint64_t offset = 0;
+    for (const FileTensor& t : tensors) {
+      std::int64_t values = 0, block = 0;
+      EXPECT_TRUE(gguf::block_shape(std::uint32_t(t.type), &values, &block));
+      std::uint64_t n = 1;
+      for (std::uint64_t d : t.ne) n *= d;
+      bytes.push_back(n / std::uint64_t(values) * std::uint64_t(block));
+      w.str(t.name);
+      w.put<std::uint32_t>(std::uint32_t(t.ne.size()));
+      for (std::uint64_t d : t.ne) w.put(d);
+      w.put<std::uint32_t>(std::uint32_t(t.type));
+      w.put(offset);
+      offset = (offset + bytes.back() + 31) / 32 * 32;
+    }
+    w.align(32);
+    const std::size_t data = w.bytes.size();
+    w.bytes.resize(data + offset, 0);
+    std::uint64_t at = 0;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      if (tensors[i].name.size() > 5 && tensors[i].name.substr(tensors[i].name.size() - 5) == "ssm_a")
+        for (std::uint64_t j = 0; j < bytes[i] / 4; ++j) std::memcpy(w.bytes.data() + data + at + 4 * j, &ssm_a, 4);
+      at = (at + bytes[i] + 31) / 32 * 32;
+    }
+    return w.bytes;
+  }
+};
+
+struct Parsed {
+  std::vector<unsigned char> bytes;
+  gguf::File file;
+  explicit Parsed(const ModelFile& m) : bytes(m.write()) { EXPECT_TRUE(gguf::File::parse(bytes.data(), bytes.size(), "kimi.gguf", file).ok()); }
+};
+
+TEST(GgufModel, ConfigFromKimiLinearMetadata) {
+  Parsed p{ModelFile{}};
+  ModelConfig c;
+  ENCORE_OK(model_config_from_gguf(p.file, &c));
+  EXPECT_EQ(c.name, "kimi-test");
+  EXPECT_EQ(c.layers(), 4);
+  EXPECT_EQ(c.attention, (std::vector<Attention>{Attention::kKda, Attention::kKda, Attention::kMla, Attention::kKda}));
+  EXPECT_EQ(c.mlp, (std::vector<Mlp>{Mlp::kDense, Mlp::kMoe, Mlp::kMoe, Mlp::kMoe}));
+  EXPECT_EQ(c.hidden, 256);
+  EXPECT_EQ(c.vocab, 512);
+  EXPECT_EQ(c.dense_width, 512);
+  EXPECT_EQ(c.rms_eps, 1e-5f);
+  EXPECT_EQ(c.kda.heads, 8);
+  EXPECT_EQ(c.kda.head_dim, 128);
+  EXPECT_EQ(c.kda.gate_rank, 128);
+  EXPECT_EQ(c.mla.heads, 8);
+  EXPECT_EQ(c.mla.nope_dim, 128);
+  EXPECT_EQ(c.mla.v_dim, 128);
+  EXPECT_TRUE(c.mla.nope);
+  EXPECT_FLOAT_EQ(c.mla.softmax_scale, ModelConfig::kimi_linear_48b().mla.softmax_scale);
+  EXPECT_EQ(c.moe.experts, 16);
+  EXPECT_EQ(c.moe.top_k, 4);
+  EXPECT_EQ(c.moe.expert_width, 256);
+  EXPECT_EQ(c.moe.shared_experts, 1);
+  EXPECT_EQ(c.moe.groups, 1);
+  EXPECT_EQ(c.moe.score, RouterScore::kSigmoid);
+  EXPECT_TRUE(c.moe.selection_bias);
+  EXPECT_TRUE(c.moe.renormalise);
+  EXPECT_FLOAT_EQ(c.moe.routed_scale, 2.446f);
+}
+
+TEST(GgufModel, ConfigRefusalsNameTheKey) {
+  auto refused = [](const char* what, auto edit, StatusCode code, const char* needle) {
+    ModelFile m;
+    edit(m);
+    Parsed p{m};
+    ModelConfig c;
+    const Status s = model_config_from_gguf(p.file, &c);
+    EXPECT_EQ(s.code(), code) << what << ": " << s.to_string();
+    EXPECT_NE(s.message().find(needle), std::string::npos) << what << ": " << s.message();
+  };
+  refused("arch", [](ModelFile& m) { m.keys["general.architecture"] = [](test::GgufWriter& w) { w.put<std::uint32_t>(8), w.str("llama"); }; },
+          StatusCode::kUnsupported, "general.architecture = llama");
+  refused("missing key", [](ModelFile& m) { m.keys.erase("kimi-linear.kda.head_dim"); }, StatusCode::kInvalidFile,
+          "kimi-linear.kda.head_dim is missing");
+  refused("head dim", [](ModelFile& m) { m.keys["kimi-linear.kda.head_dim"] = [](test::GgufWriter& w) { w.put<std::uint32_t>(4), w.put<std::uint32_t>(96); }; },
+          StatusCode::kUnsupported, "kimi-linear.kda.head_dim = 96");
+  refused("kv lora", [](ModelFile& m) { m.keys["kimi-linear.attention.kv_lora_rank"] = [](test::GgufWriter& w) { w.put<std::uint32_t>(4), w.put<std::uint32_t>(256); }; },
+          StatusCode::kUnsupported, "kv_lora_rank = 256");
+  refused("layer list", [](ModelFile& m) {
+    m.keys["kimi-linear.attention.head_count_kv"] = [](test::GgufWriter& w) {
+      w.put<std::uint32_t>(9), w.put<std::uint32_t>(5), w.put<std::uint64_t>(3);
+      for (int v : {0, 0, 1}) w.put<std::int32_t>(v);
+    };
+  }, StatusCode::kInvalidFile, "has 3 entries for 4 layers");
+  refused("eps type", [](ModelFile& m) { m.keys["kimi-linear.attention.layer_norm_rms_epsilon"] = [](test::GgufWriter& w) { w.put<std::uint32_t>(4), w.put<std::uint32_t>(1); }; },
+          StatusCode::kInvalidFile, "not a float");
+  refused("gating", [](ModelFile& m) { m.keys["kimi-linear.expert_gating_func"] = [](test::GgufWriter& w) { w.put<std::uint32_t>(4), w.put<std::uint32_t>(4); }; },
+          StatusCode::kUnsupported, "expert_gating_func = 4");
+}
+
+TEST(GgufModel, EveryWeightHasASource) {
+  Parsed p{ModelFile{}};
+  ModelConfig c;
+  ENCORE_OK(model_config_from_gguf(p.file, &c));
+  TensorArena weights;
+  ENCORE_OK(build_weight_layout(c, weights));
+  std::vector<TensorSource> plan;
+  ENCORE_OK(plan_gguf_weights(p.file, c, weights, &plan));
+  ASSERT_EQ(plan.size(), weights.tensors().size());
+  std::map<std::string, const TensorSource*> by;
+  for (const TensorSource& s : plan) by[s.name] = &s;
+  auto conv = [&](const std::string& n) { return by.at(n)->conversion; };
+  EXPECT_EQ(conv("token_embd.weight"), TensorConversion::kToBf16);  // Q4_K in the file, bf16 rows in encore
+  EXPECT_EQ(conv("output.weight"), TensorConversion::kCopy);
+  EXPECT_EQ(conv("blk.1.attn_q.weight"), TensorConversion::kCopy);
+  EXPECT_EQ(conv("blk.1.ssm_conv1d_q.weight"), TensorConversion::kCopy);
+  EXPECT_EQ(conv("blk.1.ssm_a_log"), TensorConversion::kLogNegA);
+  EXPECT_EQ(by.at("blk.1.ssm_a_log")->from.front()->name, "blk.1.ssm_a");
+  EXPECT_EQ(conv("blk.1.ssm_f_b.weight"), TensorConversion::kToBf16);  // Q5_0
+  EXPECT_EQ(conv("blk.2.attn_kv_b.weight"), TensorConversion::kKvBFromKAndV);
+  ASSERT_EQ(by.at("blk.2.attn_kv_b.weight")->from.size(), 2u);
+  EXPECT_EQ(by.at("blk.2.attn_kv_b.weight")->from[1]->name, "blk.2.attn_v_b.weight");
+  EXPECT_EQ(conv("blk.1.ffn_gate_inp.weight"), TensorConversion::kToBf16);  // F32 router
+  EXPECT_EQ(conv("blk.1.ffn_down_exps.weight"), TensorConversion::kCopy);
+  EXPECT_EQ(conv("blk.1.ffn_down_shexp.weight"), TensorConversion::kCopy);
+  EXPECT_EQ(conv("blk.0.ffn_down.weight"), TensorConversion::kCopy);
+}
+
+TEST(GgufModel, FusedQkvIsSlicedByRows) {
+  ModelFile m;
+  for (const char* n : {"attn_q.weight", "attn_k.weight", "attn_v.weight"}) m.drop(layer_tensor(1, n));
+  m.tensors.push_back({layer_tensor(1, "attn_qkv.weight"), {256, 3 * 1024}, TensorType::kQ4_K});
+  Parsed p{m};
+  ModelConfig c;
+  ENCORE_OK(model_config_from_gguf(p.file, &c));
+  TensorArena weights;
+  ENCORE_OK(build_weight_layout(c, weights));
+  std::vector<TensorSource> plan;
+  ENCORE_OK(plan_gguf_weights(p.file, c, weights, &plan));
+  for (const TensorSource& s : plan)
+    if (s.name == layer_tensor(1, "attn_v.weight")) {
+      EXPECT_EQ(s.conversion, TensorConversion::kRowSlice);
+      EXPECT_EQ(s.first_row, 2048);
+    }
+}
+
+TEST(GgufModel, WeightRefusalsNameTheTensor) {
+  auto refused = [](const char* what, auto edit, StatusCode code, const char* needle) {
+    ModelFile m;
+    edit(m);
+    Parsed p{m};
+    ModelConfig c;
+    ENCORE_OK(model_config_from_gguf(p.file, &c));
+    TensorArena weights;
+    ENCORE_OK(build_weight_layout(c, weights));
+    std::vector<TensorSource> plan;
+    const Status s = plan_gguf_weights(p.file, c, weights, &plan);
+    EXPECT_EQ(s.code(), code) << what << ": " << s.to_string();
+    EXPECT_NE(s.message().find(needle), std::string::npos) << what << ": " << s.message();
+  };
+  refused("Q6_K head", [](ModelFile& m) { m.find("output.weight")->type = TensorType::kQ6_K; }, StatusCode::kUnsupported,
+          "tensor output.weight is Q6_K; encore runs it as a Q4_K projection (a file whose projections are all Q4_K works: "
+          "llama-quantize --pure IN OUT Q4_K)");
+  refused("Q6_K norm source", [](ModelFile& m) { m.find("token_embd.weight")->type = TensorType::kQ6_K; }, StatusCode::kUnsupported,
+          "tensor token_embd.weight is Q6_K; encore decodes");
+  refused("missing", [](ModelFile& m) { m.drop(layer_tensor(3, "ssm_norm.weight")); }, StatusCode::kInvalidFile,
+          "tensor blk.3.ssm_norm.weight is missing");
+  refused("shape", [](ModelFile& m) { m.find(layer_tensor(1, "ssm_dt.bias"))->ne = {512}; }, StatusCode::kInvalidFile,
+          "tensor blk.1.ssm_dt.bias has shape {512}; the model needs {1024}");
+  refused("positive A", [](ModelFile& m) { m.ssm_a = 0.25f; }, StatusCode::kInvalidFile, "every value negative");
+  refused("no k_b", [](ModelFile& m) { m.drop(layer_tensor(2, "attn_k_b.weight")); }, StatusCode::kInvalidFile,
+          "needs blk.2.attn_k_b.weight and blk.2.attn_v_b.weight");
+}
+
+}  // namespace
+}  // namespace encore::pipeline
