@@ -1,5 +1,6 @@
 list(APPEND ENCORE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/gguf.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/gguf_decode.cpp
   ${CMAKE_CURRENT_LIST_DIR}/gguf_model.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_config.cpp
   ${CMAKE_CURRENT_LIST_DIR}/tensor_arena.cpp
@@ -20,3 +21,5 @@ list(APPEND ENCORE_SOURCES
 # with separable compilation each body gets the full register file (only callee-saved registers
 # are saved, once per call). The library's device link resolves it.
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/megakernel/kernel.cu PROPERTIES COMPILE_OPTIONS "-rdc=true")
+# ggml's decoders round q * d + m unfused: so must ours, to stay bit-exact.
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/gguf_decode.cpp PROPERTIES COMPILE_OPTIONS "-ffp-contract=off")

@@ -34,6 +34,11 @@ const char* to_string(TensorType type);
 // false for a number that is not one of the TensorType values.
 bool block_shape(std::uint32_t type, std::int64_t* values, std::int64_t* bytes);
 
+// Decodes `values` values of a tensor of `type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or
+// Q4_K; `values` whole blocks) into fp32, bit-exact with ggml's reference decoders. kUnsupported
+// for another type, kInvalidArgument for a count that is not whole blocks.
+Status decode(TensorType type, const void* data, std::int64_t values, float* out);
+
 // One metadata value. Scalars are widened into the field of their kind; a string points into the
 // mapping; an array keeps its element type and count, and its elements are read through File.
 struct Value {

@@ -2,6 +2,7 @@
 // that must be named, thousands of mutated copies that must each end in a clean error or a clean
 // load, and (when gguf-py is installed) a file written by gguf-py's own writer.
 #include <encore/gguf.h>
+#include <encore/q4k.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -321,6 +322,75 @@ TEST(Gguf, ReadsWhatGgufPyWrites) {
   EXPECT_EQ(n->type, TensorType::kF16);
   EXPECT_EQ(n->bytes, 128u);
   std::remove(path.c_str());
+}
+
+// Every decoder against gguf-py's (llama.cpp's numpy decoders), bit for bit, on random blocks with
+// finite scales; and a hand-made Q5_0 block without it.
+TEST(Gguf, DecodesLikeGgufPy) {
+  {
+    unsigned char block[22] = {};
+    const std::uint16_t d = q4k::float_to_half(0.5f);
+    std::memcpy(block, &d, 2);
+    const std::uint32_t qh = 1u << 3;  // value 3 gets its fifth bit
+    std::memcpy(block + 2, &qh, 4);
+    block[6 + 3] = 0x72;  // value 3: code 2 (+16), value 19: code 7
+    float out[32];
+    ENCORE_OK(decode(TensorType::kQ5_0, block, 32, out));
+    EXPECT_EQ(out[3], 1.f);       // (18 - 16) * 0.5
+    EXPECT_EQ(out[19], -4.5f);    // (7 - 16) * 0.5
+    EXPECT_EQ(out[0], -8.f);      // (0 - 16) * 0.5
+    EXPECT_EQ(decode(TensorType::kQ6_K, block, 256, out).code(), StatusCode::kUnsupported);
+    EXPECT_EQ(decode(TensorType::kQ5_0, block, 31, out).code(), StatusCode::kInvalidArgument);
+  }
+  if (std::system("python3 -c 'import gguf.quants, numpy' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "gguf-py not importable (pip install gguf); cross-check skipped";
+  std::mt19937_64 rng(test::fresh_seed());
+  std::uniform_real_distribution<float> scale(-0.05f, 0.05f), value(-4.f, 4.f);
+  struct Case {
+    TensorType type;
+    const char* name;
+    std::vector<int> half_at;  // byte offsets of the block's fp16 fields
+  };
+  const Case cases[] = {{TensorType::kF16, "F16", {}},      {TensorType::kBF16, "BF16", {}},   {TensorType::kQ8_0, "Q8_0", {0}},
+                        {TensorType::kQ4_0, "Q4_0", {0}},   {TensorType::kQ4_1, "Q4_1", {0, 2}}, {TensorType::kQ5_0, "Q5_0", {0}},
+                        {TensorType::kQ5_1, "Q5_1", {0, 2}}, {TensorType::kQ4_K, "Q4_K", {0, 2}}};
+  for (const Case& c : cases) {
+    std::int64_t block_values = 0, block_bytes = 0;
+    ASSERT_TRUE(block_shape(std::uint32_t(c.type), &block_values, &block_bytes));
+    const std::int64_t values = 4096, blocks = values / block_values;
+    std::vector<unsigned char> raw(std::size_t(blocks * block_bytes));
+    for (auto& b : raw) b = static_cast<unsigned char>(rng());
+    for (std::int64_t i = 0; i < (c.type == TensorType::kF16 || c.type == TensorType::kBF16 ? values : 0); ++i) {
+      const float v = value(rng);
+      std::uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      const std::uint16_t h = c.type == TensorType::kF16 ? q4k::float_to_half(v) : std::uint16_t(bits >> 16);
+      std::memcpy(raw.data() + 2 * i, &h, 2);
+    }
+    for (std::int64_t b = 0; b < blocks; ++b)
+      for (int at : c.half_at) {
+        const std::uint16_t h = q4k::float_to_half(scale(rng));
+        std::memcpy(raw.data() + b * block_bytes + at, &h, 2);
+      }
+    std::vector<float> ours(static_cast<std::size_t>(values)), theirs(static_cast<std::size_t>(values));
+    ENCORE_OK(decode(c.type, raw.data(), values, ours.data()));
+    const std::string in = ::testing::TempDir() + "encore_decode_in.bin", out = ::testing::TempDir() + "encore_decode_out.bin";
+    {
+      std::ofstream f(in, std::ios::binary);
+      f.write(reinterpret_cast<const char*>(raw.data()), std::streamsize(raw.size()));
+    }
+    const std::string cmd = "python3 -c \"import numpy as np, gguf; from gguf.quants import dequantize; "
+                            "r = np.fromfile('" + in + "', dtype=np.uint8); "
+                            "dequantize(r, gguf.GGMLQuantizationType." + c.name + ").astype(np.float32).tofile('" + out + "')\"";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    std::ifstream f(out, std::ios::binary);
+    f.read(reinterpret_cast<char*>(theirs.data()), std::streamsize(values * 4));
+    ASSERT_TRUE(f.good()) << c.name;
+    for (std::int64_t i = 0; i < values; ++i)
+      ASSERT_EQ(std::memcmp(&ours[i], &theirs[i], 4), 0) << c.name << " value " << i << ": ours " << ours[i] << ", gguf-py " << theirs[i];
+    std::remove(in.c_str());
+    std::remove(out.c_str());
+  }
 }
 
 }  // namespace
