@@ -1,10 +1,18 @@
 #include <encore/pipeline/gguf_model.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <string_view>
 
+#include <cuda_bf16.h>
+
 #include <encore/pipeline/weight_layout.h>
+#include <encore/q4k.h>
+
+#include "common/cuda_check.h"
 
 namespace encore::pipeline {
 
@@ -238,6 +246,140 @@ Status plan_gguf_weights(const gguf::File& f, const ModelConfig& config, const T
   }
   *out = std::move(plan);
   return {};
+}
+
+}  // namespace encore::pipeline
+
+namespace encore::pipeline {
+
+namespace {
+
+// Decodes a whole file tensor to fp32.
+Status decode_all(const gguf::TensorInfo& t, std::vector<float>& out) {
+  out.resize(std::size_t(t.elements()));
+  return gguf::decode(t.type, t.data, t.elements(), out.data());
+}
+
+void store_bf16(const std::vector<float>& v, void* out) {
+  auto* o = static_cast<__nv_bfloat16*>(out);
+  for (std::size_t i = 0; i < v.size(); ++i) o[i] = __float2bfloat16_rn(v[i]);
+}
+
+}  // namespace
+
+Status convert_weight(const TensorSource& s, const TensorInfo& w, void* out) {
+  ENCORE_REQUIRE(!s.from.empty() && out, StatusCode::kInvalidArgument, "convert_weight: ", w.name, " has no source or no output");
+  const gguf::TensorInfo& t = *s.from.front();
+  std::vector<float> v;
+  switch (s.conversion) {
+    case TensorConversion::kCopy:
+      ENCORE_REQUIRE(t.bytes == std::uint64_t(w.bytes), StatusCode::kInvalidFile, "convert_weight: ", t.name, " has ", t.bytes,
+                     " bytes; ", w.name, " takes ", w.bytes);
+      std::memcpy(out, t.data, std::size_t(w.bytes));
+      return {};
+    case TensorConversion::kRowSlice: {
+      const std::int64_t row = q4k::row_bytes(w.dims.back());
+      ENCORE_REQUIRE((s.first_row + w.dims[0]) * row <= std::int64_t(t.bytes), StatusCode::kInvalidFile, "convert_weight: ", t.name,
+                     " is too short for ", w.name);
+      std::memcpy(out, static_cast<const char*>(t.data) + s.first_row * row, std::size_t(w.bytes));
+      return {};
+    }
+    case TensorConversion::kToF32:
+    case TensorConversion::kToBf16:
+      ENCORE_RETURN_IF_ERROR(decode_all(t, v));
+      if (s.conversion == TensorConversion::kToF32)
+        std::memcpy(out, v.data(), v.size() * 4);
+      else
+        store_bf16(v, out);
+      return {};
+    case TensorConversion::kLogNegA: {
+      ENCORE_RETURN_IF_ERROR(decode_all(t, v));
+      auto* o = static_cast<float*>(out);
+      for (std::size_t i = 0; i < v.size(); ++i) o[i] = float(std::log(-double(v[i])));
+      return {};
+    }
+    case TensorConversion::kKvBFromKAndV: {
+      // encore: [head][nope + v][latent]. k_b (ggml dims [nope, latent, heads]): W_UK transposed per
+      // head, element (h, c, n) at (h * latent + c) * nope + n; v_b ([latent, v, heads]): W_UV as is.
+      const std::int64_t heads = w.dims[0], rows = w.dims[1], latent = w.dims[2];
+      const std::int64_t nope = s.from[0]->dims[0], vdim = rows - nope;
+      std::vector<float> k, vv, kv(std::size_t(heads * rows * latent));
+      ENCORE_RETURN_IF_ERROR(decode_all(*s.from[0], k));
+      ENCORE_RETURN_IF_ERROR(decode_all(*s.from[1], vv));
+      for (std::int64_t h = 0; h < heads; ++h) {
+        for (std::int64_t n = 0; n < nope; ++n)
+          for (std::int64_t c = 0; c < latent; ++c) kv[std::size_t((h * rows + n) * latent + c)] = k[std::size_t((h * latent + c) * nope + n)];
+        for (std::int64_t r = 0; r < vdim; ++r)
+          std::memcpy(&kv[std::size_t((h * rows + nope + r) * latent)], &vv[std::size_t((h * vdim + r) * latent)], std::size_t(latent) * 4);
+      }
+      store_bf16(kv, out);
+      return {};
+    }
+  }
+  return Status(StatusCode::kInvalidArgument, "convert_weight: unknown conversion for " + w.name);
+}
+
+Status load_gguf_weights(const std::vector<TensorSource>& plan, const TensorArena& weights, void* device_base, cudaStream_t stream,
+                         bool progress) {
+  ENCORE_REQUIRE(device_base, StatusCode::kNullPointer, "load_gguf_weights: device_base is null");
+  ENCORE_REQUIRE(plan.size() == weights.tensors().size(), StatusCode::kInvalidArgument, "load_gguf_weights: the plan has ", plan.size(),
+                 " tensors, the layout ", weights.tensors().size());
+  // Two pinned buffers: the host converts into one while the other uploads.
+  std::size_t chunk = std::size_t(64) << 20;
+  for (const TensorInfo& w : weights.tensors()) chunk = std::max(chunk, std::size_t(w.bytes));
+  void* staging[2] = {nullptr, nullptr};
+  cudaEvent_t uploaded[2] = {nullptr, nullptr};
+  auto release = [&] {
+    for (int b = 0; b < 2; ++b) {
+      if (uploaded[b]) cudaEventDestroy(uploaded[b]);
+      if (staging[b]) cudaFreeHost(staging[b]);
+    }
+  };
+  Status status;
+  const auto start = std::chrono::steady_clock::now();
+  double total = 0, done = 0;
+  for (const TensorInfo& w : weights.tensors()) total += double(w.bytes);
+  auto run = [&]() -> Status {
+    for (int b = 0; b < 2; ++b) {
+      ENCORE_CUDA_TRY(cudaMallocHost(&staging[b], chunk));
+      ENCORE_CUDA_TRY(cudaEventCreateWithFlags(&uploaded[b], cudaEventDisableTiming));
+    }
+    int buffer = 0;
+    std::size_t used = 0;
+    std::vector<std::pair<std::size_t, const TensorInfo*>> pending;  // (offset in the buffer, tensor)
+    auto flush = [&]() -> Status {
+      for (const auto& [at, w] : pending)
+        ENCORE_CUDA_TRY(cudaMemcpyAsync(static_cast<char*>(device_base) + w->offset, static_cast<char*>(staging[buffer]) + at,
+                                        std::size_t(w->bytes), cudaMemcpyHostToDevice, stream));
+      ENCORE_CUDA_TRY(cudaEventRecord(uploaded[buffer], stream));
+      buffer ^= 1, used = 0, pending.clear();
+      ENCORE_CUDA_TRY(cudaEventSynchronize(uploaded[buffer]));  // the next buffer's last upload is done
+      return {};
+    };
+    for (std::size_t i = 0; i < plan.size(); ++i) {
+      const TensorInfo& w = weights.tensors()[i];
+      ENCORE_REQUIRE(plan[i].name == w.name, StatusCode::kInvalidArgument, "load_gguf_weights: plan entry ", i, " is ", plan[i].name,
+                     ", the layout's ", w.name);
+      if (used + std::size_t(w.bytes) > chunk) ENCORE_RETURN_IF_ERROR(flush());
+      ENCORE_RETURN_IF_ERROR(convert_weight(plan[i], w, static_cast<char*>(staging[buffer]) + used));
+      pending.emplace_back(used, &w);
+      used += (std::size_t(w.bytes) + 255) / 256 * 256;
+      done += double(w.bytes);
+      if (progress) {
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::fprintf(stderr, "\rloading weights: %.2f / %.2f GB, %.2f GB/s, %.0f s left   ", done * 1e-9, total * 1e-9,
+                     s > 0 ? done * 1e-9 / s : 0.0, s > 0 && done > 0 ? (total - done) * s / done : 0.0);
+      }
+    }
+    if (!pending.empty()) ENCORE_RETURN_IF_ERROR(flush());
+    ENCORE_CUDA_TRY(cudaStreamSynchronize(stream));
+    if (progress) std::fprintf(stderr, "\n");
+    return {};
+  };
+  status = run();
+  if (!status.ok()) cudaStreamSynchronize(stream);  // no upload may still read a buffer being freed
+  release();
+  return status;
 }
 
 }  // namespace encore::pipeline

@@ -2,10 +2,17 @@
 // every weight, on a small file written here with llama.cpp's names, shapes and the types
 // llama-quantize gives them (Q4_K projections, Q5_0 rows of 128, F32 norms, conv taps and router).
 #include <encore/pipeline/gguf_model.h>
+
+#include <cuda_bf16.h>
+#include <encore/pipeline/pipeline.h>
 #include <encore/pipeline/weight_layout.h>
 
+#include <cmath>
+#include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -29,6 +36,7 @@ struct ModelFile {
   std::map<std::string, std::function<void(test::GgufWriter&)>> keys;
   std::vector<FileTensor> tensors;
   float ssm_a = -0.5f;
+  std::map<std::string, std::function<float(std::uint64_t)>> f32_values;  // F32 tensors' contents (else zeros)
 
   ModelFile() {
     auto u32 = [](std::uint32_t v) { return [v](test::GgufWriter& w) { w.put<std::uint32_t>(std::uint32_t(ValueType::kU32)), w.put(v); }; };
@@ -140,6 +148,11 @@ struct ModelFile {
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       if (tensors[i].name.size() > 5 && tensors[i].name.substr(tensors[i].name.size() - 5) == "ssm_a")
         for (std::uint64_t j = 0; j < bytes[i] / 4; ++j) std::memcpy(w.bytes.data() + data + at + 4 * j, &ssm_a, 4);
+      if (auto fill = f32_values.find(tensors[i].name); fill != f32_values.end())
+        for (std::uint64_t j = 0; j < bytes[i] / 4; ++j) {
+          const float v = fill->second(j);
+          std::memcpy(w.bytes.data() + data + at + 4 * j, &v, 4);
+        }
       at = (at + bytes[i] + 31) / 32 * 32;
     }
     return w.bytes;
@@ -285,6 +298,92 @@ TEST(GgufModel, WeightRefusalsNameTheTensor) {
   refused("positive A", [](ModelFile& m) { m.ssm_a = 0.25f; }, StatusCode::kInvalidFile, "every value negative");
   refused("no k_b", [](ModelFile& m) { m.drop(layer_tensor(2, "attn_k_b.weight")); }, StatusCode::kInvalidFile,
           "needs blk.2.attn_k_b.weight and blk.2.attn_v_b.weight");
+}
+
+// The conversions on the host: log(-a), W_UK transposed back next to W_UV, fused rows, bf16 rounding.
+TEST(GgufModel, ConvertsWeights) {
+  ModelFile m;
+  m.ssm_a = -0.25f;
+  const std::string k_b = layer_tensor(2, "attn_k_b.weight"), v_b = layer_tensor(2, "attn_v_b.weight");
+  m.find(k_b)->type = TensorType::kF32;
+  m.find(v_b)->type = TensorType::kF32;
+  // Integers below 256, exact in bf16: k_b (h, c, n) and v_b (h, v, c) as below.
+  auto k_of = [](std::uint64_t h, std::uint64_t c, std::uint64_t n) { return float((h * 31 + n * 3 + c) % 256); };
+  auto v_of = [](std::uint64_t h, std::uint64_t v, std::uint64_t c) { return -float((h * 17 + v * 5 + c * 7) % 256); };
+  m.f32_values[k_b] = [&](std::uint64_t i) { return k_of(i / (128 * 512), i / 128 % 512, i % 128); };
+  m.f32_values[v_b] = [&](std::uint64_t i) { return v_of(i / (512 * 128), i / 512 % 128, i % 512); };
+  m.f32_values[layer_tensor(1, "ffn_gate_inp.weight")] = [](std::uint64_t i) { return 1.f + float(i % 7) / 1024.f; };
+  Parsed p{m};
+  ModelConfig c;
+  ENCORE_OK(model_config_from_gguf(p.file, &c));
+  TensorArena weights;
+  ENCORE_OK(build_weight_layout(c, weights));
+  std::vector<TensorSource> plan;
+  ENCORE_OK(plan_gguf_weights(p.file, c, weights, &plan));
+  auto converted = [&](const std::string& name) {
+    for (std::size_t i = 0; i < plan.size(); ++i)
+      if (plan[i].name == name) {
+        std::vector<unsigned char> out(std::size_t(weights.tensors()[i].bytes));
+        EXPECT_TRUE(convert_weight(plan[i], weights.tensors()[i], out.data()).ok()) << name;
+        return out;
+      }
+    ADD_FAILURE() << name << " not planned";
+    return std::vector<unsigned char>{};
+  };
+  const std::vector<unsigned char> a = converted(layer_tensor(1, "ssm_a_log"));
+  for (std::size_t i = 0; i < a.size() / 4; ++i) {
+    float v;
+    std::memcpy(&v, a.data() + 4 * i, 4);
+    EXPECT_EQ(v, float(std::log(0.25))) << i;
+  }
+  const std::vector<unsigned char> kv = converted(layer_tensor(2, "attn_kv_b.weight"));  // bf16 [8][256][512]
+  auto bf16_at = [&](std::size_t i) {
+    __nv_bfloat16 b;
+    std::memcpy(&b, kv.data() + 2 * i, 2);
+    return __bfloat162float(b);
+  };
+  for (int h : {0, 7})
+    for (int c2 : {0, 3, 511}) {
+      for (int n : {0, 5, 127}) EXPECT_EQ(bf16_at((std::size_t(h) * 256 + n) * 512 + c2), k_of(h, c2, n)) << h << " " << n << " " << c2;
+      for (int v : {0, 9, 127}) EXPECT_EQ(bf16_at((std::size_t(h) * 256 + 128 + v) * 512 + c2), v_of(h, v, c2)) << h << " " << v;
+    }
+  const std::vector<unsigned char> router = converted(layer_tensor(1, "ffn_gate_inp.weight"));
+  __nv_bfloat16 r3;
+  std::memcpy(&r3, router.data() + 2 * 3, 2);
+  EXPECT_EQ(__bfloat162float(r3), __bfloat162float(__float2bfloat16_rn(1.f + 3.f / 1024.f)));
+}
+
+// The upload: a Pipeline for the file's model, every weight loaded through the pinned chunks,
+// and the arena read back equal, byte for byte, to the host conversion.
+TEST(GgufModelGpu, LoadsEveryWeightIntoThePipeline) {
+  ENCORE_REQUIRE_GPU();
+  ModelFile m;
+  std::mt19937_64 rng(test::fresh_seed());
+  for (FileTensor& t : m.tensors)
+    if (t.type == TensorType::kF32 && t.name.find("ssm_a") == std::string::npos)
+      m.f32_values[t.name] = [seed = rng()](std::uint64_t i) { return float((seed + i * 2654435761u) % 1000) / 997.f - 0.5f; };
+  Parsed p{m};
+  ModelConfig c;
+  ENCORE_OK(model_config_from_gguf(p.file, &c));
+  BufferOptions o;
+  o.max_batch = 2, o.max_slots = 2, o.max_pages = 4, o.max_pages_per_seq = 2;
+  std::unique_ptr<Pipeline> pipe;
+  ENCORE_OK(Pipeline::create(c, o, pipe));
+  std::vector<TensorSource> plan;
+  ENCORE_OK(plan_gguf_weights(p.file, c, pipe->weight_layout(), &plan));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CUDA_OK(cudaMemset(pipe->weights(), 0xA5, std::size_t(pipe->weight_layout().total_bytes())));
+  ENCORE_OK(load_gguf_weights(plan, pipe->weight_layout(), pipe->weights(), stream, false));
+  std::vector<unsigned char> arena(std::size_t(pipe->weight_layout().total_bytes()));
+  CUDA_OK(cudaMemcpy(arena.data(), pipe->weights(), arena.size(), cudaMemcpyDeviceToHost));
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    const TensorInfo& w = pipe->weight_layout().tensors()[i];
+    std::vector<unsigned char> want(std::size_t(w.bytes));
+    ENCORE_OK(convert_weight(plan[i], w, want.data()));
+    ASSERT_EQ(std::memcmp(arena.data() + w.offset, want.data(), want.size()), 0) << w.name;
+  }
+  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 }  // namespace

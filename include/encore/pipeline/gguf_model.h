@@ -2,10 +2,12 @@
 // model (docs/gguf.md §3-§4): the ModelConfig its metadata describes, and for every tensor of
 // encore's weight layout the file tensor(s) it comes from and the conversion it needs. A model or
 // a tensor encore cannot run is refused with the key or tensor, its value or type, and what would
-// work instead. Host only: nothing here touches a device.
+// work instead. Everything but the upload runs on the host alone.
 #pragma once
 
 #include <string>
+
+#include <cuda_runtime.h>
 #include <vector>
 
 #include <encore/gguf.h>
@@ -40,5 +42,14 @@ struct TensorSource {
 // its type, and `llama-quantize --pure IN OUT Q4_K` as the file that works).
 Status plan_gguf_weights(const gguf::File& file, const ModelConfig& config, const TensorArena& weights,
                          std::vector<TensorSource>* out);
+
+// One weight in encore's format (w.bytes bytes at `out`, host memory) from its source.
+Status convert_weight(const TensorSource& source, const TensorInfo& w, void* out);
+
+// Every weight of the plan into the arena at `device_base` (a Pipeline's weights()), through
+// pinned staging buffers in chunks, converting on the host while the previous chunk uploads. With
+// `progress` a line on stderr tracks GB done, GB/s and the time left. Synchronises `stream`.
+Status load_gguf_weights(const std::vector<TensorSource>& plan, const TensorArena& weights, void* device_base, cudaStream_t stream,
+                         bool progress = true);
 
 }  // namespace encore::pipeline
