@@ -383,3 +383,178 @@ Status load_gguf_weights(const std::vector<TensorSource>& plan, const TensorAren
 }
 
 }  // namespace encore::pipeline
+
+namespace encore::pipeline {
+
+namespace {
+
+// A GGUF v3 image written field by field into memory.
+class Image {
+ public:
+  template <class T>
+  void put(T v) {
+    const auto* p = reinterpret_cast<const unsigned char*>(&v);
+    bytes_.insert(bytes_.end(), p, p + sizeof(T));
+  }
+  void str(std::string_view s) {
+    put<std::uint64_t>(s.size());
+    bytes_.insert(bytes_.end(), s.begin(), s.end());
+  }
+  void key(std::string_view k, gguf::ValueType t) {
+    str(k);
+    put<std::uint32_t>(std::uint32_t(t));
+  }
+  void u32(std::string_view k, std::uint32_t v) { key(k, gguf::ValueType::kU32), put(v); }
+  void f32(std::string_view k, float v) { key(k, gguf::ValueType::kF32), put(v); }
+  void text(std::string_view k, std::string_view v) { key(k, gguf::ValueType::kString), str(v); }
+  void pad_to(std::size_t a) { bytes_.resize((bytes_.size() + a - 1) / a * a, 0); }
+  std::vector<unsigned char>& bytes() { return bytes_; }
+
+ private:
+  std::vector<unsigned char> bytes_;
+};
+
+struct OutTensor {
+  std::string name;
+  std::vector<std::int64_t> ne;  // ggml order
+  gguf::TensorType type;
+  std::vector<unsigned char> data;
+};
+
+std::vector<std::int64_t> reversed(const std::vector<std::int64_t>& dims) { return {dims.rbegin(), dims.rend()}; }
+
+}  // namespace
+
+Status save_gguf(const std::string& path, const ModelConfig& c, const TensorArena& weights, const void* host_weights) {
+  ENCORE_REQUIRE(host_weights, StatusCode::kNullPointer, "save_gguf: host_weights is null");
+  ENCORE_RETURN_IF_ERROR(c.validate());
+  ENCORE_REQUIRE(c.kda.heads == c.mla.heads || c.count(Attention::kKda) == 0 || c.count(Attention::kMla) == 0,
+                 StatusCode::kUnsupported, "save_gguf: a kimi-linear file has one head count (KDA ", c.kda.heads, ", MLA ", c.mla.heads, ")");
+  ENCORE_REQUIRE(c.mla.nope && c.mla.q_lora_rank == 0, StatusCode::kUnsupported,
+                 "save_gguf: a kimi-linear file's MLA has no RoPE and no q LoRA");
+  ENCORE_REQUIRE(c.moe.groups == 1 && c.moe.renormalise, StatusCode::kUnsupported,
+                 "save_gguf: a kimi-linear file has no group stage and renormalises the routing weights");
+  ENCORE_REQUIRE(c.moe.shared_experts <= 1 || c.count(Mlp::kMoe) == 0, StatusCode::kUnsupported,
+                 "save_gguf: ", c.moe.shared_experts, " shared experts (llama.cpp stores them as one wider matrix; one is written)");
+  const auto* base = static_cast<const unsigned char*>(host_weights);
+  std::vector<OutTensor> out;
+  for (const TensorInfo& w : weights.tensors()) {
+    const unsigned char* data = base + w.offset;
+    const std::string stem = w.name.rfind("blk.", 0) == 0 ? w.name.substr(w.name.find('.', 4) + 1) : w.name;
+    const std::string prefix = w.name.substr(0, w.name.size() - stem.size());
+    auto bf16_at = [&](std::int64_t i) {
+      __nv_bfloat16 b;
+      std::memcpy(&b, data + 2 * i, 2);
+      return b;
+    };
+    if (stem == "ssm_a_log") {
+      OutTensor t{prefix + "ssm_a", {1, w.dims[0]}, gguf::TensorType::kF32, std::vector<unsigned char>(std::size_t(w.bytes))};
+      for (std::int64_t i = 0; i < w.bytes / 4; ++i) {
+        float a;
+        std::memcpy(&a, data + 4 * i, 4);
+        const float v = float(-std::exp(double(a)));
+        std::memcpy(t.data.data() + 4 * i, &v, 4);
+      }
+      out.push_back(std::move(t));
+    } else if (stem == "attn_kv_b.weight") {  // [head][nope + v][latent] -> k_b [latent][nope] per head, v_b as is
+      const std::int64_t heads = w.dims[0], rows = w.dims[1], latent = w.dims[2], nope = c.mla.nope_dim, vdim = rows - nope;
+      OutTensor k{prefix + "attn_k_b.weight", {nope, latent, heads}, gguf::TensorType::kBF16,
+                  std::vector<unsigned char>(std::size_t(heads * latent * nope * 2))};
+      OutTensor v{prefix + "attn_v_b.weight", {latent, vdim, heads}, gguf::TensorType::kBF16,
+                  std::vector<unsigned char>(std::size_t(heads * vdim * latent * 2))};
+      for (std::int64_t h = 0; h < heads; ++h) {
+        for (std::int64_t n = 0; n < nope; ++n)
+          for (std::int64_t l = 0; l < latent; ++l) {
+            const __nv_bfloat16 b = bf16_at((h * rows + n) * latent + l);
+            std::memcpy(k.data.data() + 2 * ((h * latent + l) * nope + n), &b, 2);
+          }
+        std::memcpy(v.data.data() + 2 * h * vdim * latent, data + 2 * (h * rows + nope) * latent, std::size_t(vdim * latent * 2));
+      }
+      out.push_back(std::move(k));
+      out.push_back(std::move(v));
+    } else if (stem == "ffn_gate_inp.weight") {  // llama.cpp keeps the router in F32
+      OutTensor t{w.name, reversed(w.dims), gguf::TensorType::kF32, std::vector<unsigned char>(std::size_t(w.bytes) * 2)};
+      for (std::int64_t i = 0; i < w.bytes / 2; ++i) {
+        const float f = __bfloat162float(bf16_at(i));
+        std::memcpy(t.data.data() + 4 * i, &f, 4);
+      }
+      out.push_back(std::move(t));
+    } else {
+      const gguf::TensorType type = w.dtype == DType::kQ4K    ? gguf::TensorType::kQ4_K
+                                    : w.dtype == DType::kBf16 ? gguf::TensorType::kBF16
+                                                              : gguf::TensorType::kF32;
+      ENCORE_REQUIRE(w.dtype == DType::kQ4K || w.dtype == DType::kBf16 || w.dtype == DType::kF32, StatusCode::kUnsupported,
+                     "save_gguf: tensor ", w.name, " is ", to_string(w.dtype));
+      // The shapes llama.cpp checks: conv taps [taps, 1, channels], a shared expert as a plain matrix.
+      std::vector<std::int64_t> ne = reversed(w.dims);
+      if (stem.rfind("ssm_conv1d_", 0) == 0) ne = {w.dims[1], 1, w.dims[0]};
+      if (stem.find("_shexp.") != std::string::npos) ne = {w.dims[2], w.dims[1]};
+      out.push_back({w.name, ne, type, std::vector<unsigned char>(data, data + w.bytes)});
+    }
+  }
+
+  Image img;
+  img.put<std::uint32_t>(0x46554747), img.put<std::uint32_t>(3);
+  img.put<std::uint64_t>(out.size());
+  const std::size_t kv_count_at = img.bytes().size();
+  img.put<std::uint64_t>(0);
+  std::uint64_t keys = 0;
+  auto count = [&](auto&& write) { write(), ++keys; };
+  count([&] { img.text("general.architecture", kArch); });
+  count([&] { img.text("general.name", c.name); });
+  count([&] { img.u32("general.alignment", 32); });
+  count([&] { img.u32(key("block_count"), std::uint32_t(c.layers())); });
+  count([&] { img.u32(key("embedding_length"), std::uint32_t(c.hidden)); });
+  count([&] { img.u32(key("feed_forward_length"), std::uint32_t(c.dense_width)); });
+  count([&] { img.u32(key("vocab_size"), std::uint32_t(c.vocab)); });
+  count([&] { img.u32(key("attention.head_count"), std::uint32_t(c.count(Attention::kKda) ? c.kda.heads : c.mla.heads)); });
+  count([&] {
+    img.key(key("attention.head_count_kv"), gguf::ValueType::kArray);
+    img.put<std::uint32_t>(std::uint32_t(gguf::ValueType::kI32)), img.put<std::uint64_t>(std::uint64_t(c.layers()));
+    for (Attention a : c.attention) img.put<std::int32_t>(a == Attention::kKda ? 0 : 1);
+  });
+  count([&] { img.f32(key("attention.layer_norm_rms_epsilon"), c.rms_eps); });
+  count([&] { img.u32(key("leading_dense_block_count"), std::uint32_t(std::find(c.mlp.begin(), c.mlp.end(), Mlp::kMoe) - c.mlp.begin())); });
+  if (c.count(Attention::kKda)) {
+    count([&] { img.u32(key("kda.head_dim"), std::uint32_t(c.kda.head_dim)); });
+    count([&] { img.u32(key("ssm.conv_kernel"), std::uint32_t(c.kda.conv_kernel)); });
+  }
+  if (c.count(Attention::kMla)) {
+    count([&] { img.u32(key("attention.kv_lora_rank"), std::uint32_t(c.mla.kv_lora_rank)); });
+    count([&] { img.u32(key("rope.dimension_count"), std::uint32_t(c.mla.rope_dim)); });
+    count([&] { img.u32(key("attention.key_length"), std::uint32_t(c.mla.kv_lora_rank + c.mla.rope_dim)); });
+    count([&] { img.u32(key("attention.key_length_mla"), std::uint32_t(c.mla.nope_dim + c.mla.rope_dim)); });
+    count([&] { img.u32(key("attention.value_length_mla"), std::uint32_t(c.mla.v_dim)); });
+  }
+  if (c.count(Mlp::kMoe)) {
+    count([&] { img.u32(key("expert_count"), std::uint32_t(c.moe.experts)); });
+    count([&] { img.u32(key("expert_used_count"), std::uint32_t(c.moe.top_k)); });
+    count([&] { img.u32(key("expert_feed_forward_length"), std::uint32_t(c.moe.expert_width)); });
+    count([&] { img.u32(key("expert_shared_count"), std::uint32_t(c.moe.shared_experts)); });
+    count([&] { img.u32(key("expert_gating_func"), c.moe.score == RouterScore::kSigmoid ? 2u : 1u); });
+    count([&] { img.f32(key("expert_weights_scale"), c.moe.routed_scale); });
+  }
+  std::memcpy(img.bytes().data() + kv_count_at, &keys, 8);
+  std::uint64_t offset = 0;
+  for (const OutTensor& t : out) {
+    img.str(t.name);
+    img.put<std::uint32_t>(std::uint32_t(t.ne.size()));
+    for (std::int64_t d : t.ne) img.put<std::uint64_t>(std::uint64_t(d));
+    img.put<std::uint32_t>(std::uint32_t(t.type));
+    img.put<std::uint64_t>(offset);
+    offset = (offset + t.data.size() + 31) / 32 * 32;
+  }
+  img.pad_to(32);
+  for (const OutTensor& t : out) {
+    img.bytes().insert(img.bytes().end(), t.data.begin(), t.data.end());
+    img.pad_to(32);
+  }
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  ENCORE_REQUIRE(f, StatusCode::kInvalidFile, path, ": cannot create");
+  const bool written = std::fwrite(img.bytes().data(), 1, img.bytes().size(), f) == img.bytes().size();
+  const bool closed = std::fclose(f) == 0;
+  ENCORE_REQUIRE(written && closed, StatusCode::kInvalidFile, path, ": write failed");
+  return {};
+}
+
+}  // namespace encore::pipeline

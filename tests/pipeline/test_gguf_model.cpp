@@ -6,8 +6,10 @@
 #include <cuda_bf16.h>
 #include <encore/pipeline/pipeline.h>
 #include <encore/pipeline/weight_layout.h>
+#include <encore/q4k.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -384,6 +386,92 @@ TEST(GgufModelGpu, LoadsEveryWeightIntoThePipeline) {
     ASSERT_EQ(std::memcmp(arena.data() + w.offset, want.data(), want.size()), 0) << w.name;
   }
   CUDA_OK(cudaStreamDestroy(stream));
+}
+
+// save_gguf writes what the reader, the config and the plan read back: every weight byte for byte
+// (A_log through -exp and log, to within an ulp or two).
+TEST(GgufModel, SavedFilesLoadBackToTheSameWeights) {
+  ModelConfig c;
+  c.name = "roundtrip";
+  c.hidden = 256, c.vocab = 512, c.dense_width = 512;
+  c.kda.heads = c.mla.heads = 8;
+  c.moe.experts = 16, c.moe.top_k = 4, c.moe.expert_width = 256;
+  ENCORE_OK(ModelConfig::layers_from_lists(4, {1, 2, 4}, {3}, 1, c));
+  TensorArena weights;
+  ENCORE_OK(build_weight_layout(c, weights));
+  std::mt19937_64 rng(test::fresh_seed());
+  std::uniform_real_distribution<float> value(-1.f, 1.f);
+  std::vector<unsigned char> host(std::size_t(weights.total_bytes()));
+  for (const TensorInfo& w : weights.tensors()) {
+    unsigned char* p = host.data() + w.offset;
+    if (w.dtype == DType::kQ4K) {
+      for (std::int64_t i = 0; i < w.bytes; ++i) p[i] = static_cast<unsigned char>(rng());
+      for (std::int64_t b = 0; b < w.bytes / 144; ++b)  // finite block scales
+        for (int at : {0, 2}) {
+          const std::uint16_t h = q4k::float_to_half(value(rng) * 0.01f);
+          std::memcpy(p + b * 144 + at, &h, 2);
+        }
+    } else if (w.dtype == DType::kBf16) {
+      for (std::int64_t i = 0; i < w.bytes / 2; ++i) {
+        const __nv_bfloat16 b = __float2bfloat16_rn(value(rng));
+        std::memcpy(p + 2 * i, &b, 2);
+      }
+    } else {
+      for (std::int64_t i = 0; i < w.bytes / 4; ++i) {
+        const float f = w.name.find("ssm_a_log") != std::string::npos ? 2.f * value(rng) - 1.f : value(rng);
+        std::memcpy(p + 4 * i, &f, 4);
+      }
+    }
+  }
+  const std::string path = ::testing::TempDir() + "encore_roundtrip.gguf";
+  ENCORE_OK(save_gguf(path, c, weights, host.data()));
+  gguf::File file;
+  ENCORE_OK(gguf::File::open(path, file));
+  ModelConfig read;
+  ENCORE_OK(model_config_from_gguf(file, &read));
+  EXPECT_EQ(read.name, "roundtrip");
+  EXPECT_EQ(read.attention, c.attention);
+  EXPECT_EQ(read.mlp, c.mlp);
+  EXPECT_EQ(read.hidden, c.hidden);
+  EXPECT_EQ(read.vocab, c.vocab);
+  EXPECT_EQ(read.kda.gate_rank, c.kda.gate_rank);
+  EXPECT_EQ(read.moe.shared_experts, c.moe.shared_experts);
+  EXPECT_EQ(read.moe.routed_scale, c.moe.routed_scale);
+  TensorArena again;
+  ENCORE_OK(build_weight_layout(read, again));
+  ASSERT_EQ(again.total_bytes(), weights.total_bytes());
+  std::vector<TensorSource> plan;
+  ENCORE_OK(plan_gguf_weights(file, read, again, &plan));
+  EXPECT_EQ(file.tensor("blk.2.attn_k_b.weight")->dims, (std::vector<std::int64_t>{128, 512, 8}));
+  EXPECT_EQ(file.tensor("blk.1.ssm_conv1d_k.weight")->dims, (std::vector<std::int64_t>{4, 1, 1024}));
+  EXPECT_EQ(file.tensor("blk.1.ssm_a")->dims, (std::vector<std::int64_t>{1, 8}));
+  EXPECT_EQ(file.tensor("blk.1.ffn_down_shexp.weight")->dims, (std::vector<std::int64_t>{256, 256}));
+  EXPECT_EQ(file.tensor("blk.1.ffn_gate_inp.weight")->type, gguf::TensorType::kF32);
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    const TensorInfo& w = again.tensors()[i];
+    std::vector<unsigned char> got(std::size_t(w.bytes));
+    ENCORE_OK(convert_weight(plan[i], w, got.data()));
+    const unsigned char* want = host.data() + w.offset;
+    if (plan[i].conversion == TensorConversion::kLogNegA) {
+      for (std::int64_t j = 0; j < w.bytes / 4; ++j) {
+        float a, b;
+        std::memcpy(&a, got.data() + 4 * j, 4);
+        std::memcpy(&b, want + 4 * j, 4);
+        EXPECT_NEAR(a, b, 4e-7f) << w.name << "[" << j << "]";
+      }
+    } else {
+      ASSERT_EQ(std::memcmp(got.data(), want, got.size()), 0) << w.name << " (" << to_string(plan[i].conversion) << ")";
+    }
+  }
+  // gguf-py (llama.cpp's Python reader) reads the file too, with the same tensors.
+  if (std::system("python3 -c 'import gguf' >/dev/null 2>&1") == 0) {
+    const std::string check = "python3 -c \"import gguf, sys; r = gguf.GGUFReader('" + path + "'); "
+                              "f = r.get_field('general.architecture'); "
+                              "sys.exit(0 if len(r.tensors) == " + std::to_string(file.tensors().size()) +
+                              " and bytes(f.parts[f.data[0]]) == b'kimi-linear' else 1)\"";
+    EXPECT_EQ(std::system(check.c_str()), 0) << check;
+  }
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -52,4 +52,12 @@ Status convert_weight(const TensorSource& source, const TensorInfo& w, void* out
 Status load_gguf_weights(const std::vector<TensorSource>& plan, const TensorArena& weights, void* device_base, cudaStream_t stream,
                          bool progress = true);
 
+// Writes a model as a kimi-linear GGUF v3 file in llama.cpp's conventions (the inverse of the plan:
+// ssm_a = -exp(A_log), attn_kv_b split into attn_k_b / attn_v_b in bf16, the router in F32, the
+// rest as stored), so that llama.cpp can run the same weights. `host_weights` holds the whole weight
+// arena (weights.total_bytes()) in host memory. The config must be one a kimi-linear file can say:
+// equal KDA and MLA head counts, MLA without RoPE or q LoRA, no group stage, at most one shared
+// expert. Shapes as llama.cpp checks them (conv taps [taps, 1, channels], ssm_a [1, heads]).
+Status save_gguf(const std::string& path, const ModelConfig& config, const TensorArena& weights, const void* host_weights);
+
 }  // namespace encore::pipeline
