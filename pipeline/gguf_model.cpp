@@ -388,32 +388,6 @@ namespace encore::pipeline {
 
 namespace {
 
-// A GGUF v3 image written field by field into memory.
-class Image {
- public:
-  template <class T>
-  void put(T v) {
-    const auto* p = reinterpret_cast<const unsigned char*>(&v);
-    bytes_.insert(bytes_.end(), p, p + sizeof(T));
-  }
-  void str(std::string_view s) {
-    put<std::uint64_t>(s.size());
-    bytes_.insert(bytes_.end(), s.begin(), s.end());
-  }
-  void key(std::string_view k, gguf::ValueType t) {
-    str(k);
-    put<std::uint32_t>(std::uint32_t(t));
-  }
-  void u32(std::string_view k, std::uint32_t v) { key(k, gguf::ValueType::kU32), put(v); }
-  void f32(std::string_view k, float v) { key(k, gguf::ValueType::kF32), put(v); }
-  void text(std::string_view k, std::string_view v) { key(k, gguf::ValueType::kString), str(v); }
-  void pad_to(std::size_t a) { bytes_.resize((bytes_.size() + a - 1) / a * a, 0); }
-  std::vector<unsigned char>& bytes() { return bytes_; }
-
- private:
-  std::vector<unsigned char> bytes_;
-};
-
 struct OutTensor {
   std::string name;
   std::vector<std::int64_t> ne;  // ggml order
@@ -493,7 +467,7 @@ Status save_gguf(const std::string& path, const ModelConfig& c, const TensorAren
     }
   }
 
-  Image img;
+  gguf::Writer img;
   img.put<std::uint32_t>(0x46554747), img.put<std::uint32_t>(3);
   img.put<std::uint64_t>(out.size());
   const std::size_t kv_count_at = img.bytes().size();

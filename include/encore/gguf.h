@@ -67,6 +67,33 @@ struct TensorInfo {
   std::int64_t elements() const;
 };
 
+// Builds a GGUF image in memory field by field (little-endian), for writing files (save_gguf) and
+// for tests that need exact control of every field.
+class Writer {
+ public:
+  template <class T>
+  void put(T v) {
+    const auto* p = reinterpret_cast<const unsigned char*>(&v);
+    bytes_.insert(bytes_.end(), p, p + sizeof(T));
+  }
+  void str(std::string_view s) {
+    put<std::uint64_t>(s.size());
+    bytes_.insert(bytes_.end(), s.begin(), s.end());
+  }
+  void key(std::string_view k, ValueType t) {
+    str(k);
+    put<std::uint32_t>(std::uint32_t(t));
+  }
+  void u32(std::string_view k, std::uint32_t v) { key(k, ValueType::kU32), put(v); }
+  void f32(std::string_view k, float v) { key(k, ValueType::kF32), put(v); }
+  void text(std::string_view k, std::string_view v) { key(k, ValueType::kString), str(v); }
+  void pad_to(std::size_t alignment) { bytes_.resize((bytes_.size() + alignment - 1) / alignment * alignment, 0); }
+  std::vector<unsigned char>& bytes() { return bytes_; }
+
+ private:
+  std::vector<unsigned char> bytes_;
+};
+
 class File {
  public:
   File();

@@ -13,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "pipeline/gguf_writer.h"
 #include "test_util.h"
 
 namespace encore::gguf {
@@ -26,13 +25,13 @@ struct Image {
 
 // Three tensors (F32 [8 x 2], Q4_K [256 x 3], F16 [16]) and one key of every value type.
 Image valid_image() {
-  test::GgufWriter w;
+  gguf::Writer w;
   Image img{};
   w.put<std::uint32_t>(0x46554747);
   w.put<std::uint32_t>(3);
-  img.tensor_count_at = w.bytes.size();
+  img.tensor_count_at = w.bytes().size();
   w.put<std::uint64_t>(3);
-  img.kv_count_at = w.bytes.size();
+  img.kv_count_at = w.bytes().size();
   w.put<std::uint64_t>(15);
   w.key("general.architecture", ValueType::kString), w.str("kimi-linear");
   w.key("general.alignment", ValueType::kU32), w.put<std::uint32_t>(32);
@@ -64,18 +63,18 @@ Image valid_image() {
   for (const T& t : tensors) {
     w.str(t.name);
     w.put<std::uint32_t>(std::uint32_t(t.dims.size()));
-    if (t.name == tensors[0].name) img.first_dim_at = w.bytes.size();
+    if (t.name == tensors[0].name) img.first_dim_at = w.bytes().size();
     for (std::uint64_t d : t.dims) w.put<std::uint64_t>(d);
-    if (t.name == tensors[0].name) img.first_type_at = w.bytes.size();
+    if (t.name == tensors[0].name) img.first_type_at = w.bytes().size();
     w.put<std::uint32_t>(std::uint32_t(t.type));
-    if (t.name == tensors[0].name) img.first_offset_at = w.bytes.size();
+    if (t.name == tensors[0].name) img.first_offset_at = w.bytes().size();
     w.put<std::uint64_t>(offset);
     offset = (offset + t.bytes + 31) / 32 * 32;
   }
-  w.align(32);
-  img.data_start = w.bytes.size();
-  for (std::uint64_t i = 0; i < offset; ++i) w.bytes.push_back(static_cast<unsigned char>(i * 7));
-  img.bytes = std::move(w.bytes);
+  w.pad_to(32);
+  img.data_start = w.bytes().size();
+  for (std::uint64_t i = 0; i < offset; ++i) w.bytes().push_back(static_cast<unsigned char>(i * 7));
+  img.bytes = std::move(w.bytes());
   return img;
 }
 

@@ -18,7 +18,6 @@
 #include <string>
 #include <vector>
 
-#include "pipeline/gguf_writer.h"
 #include "test_util.h"
 
 namespace encore::pipeline {
@@ -35,21 +34,21 @@ struct FileTensor {
 
 // The test model: 4 layers (0 dense KDA, 1 KDA, 2 MLA, 3 KDA), hidden 256, 8 heads, 16 experts.
 struct ModelFile {
-  std::map<std::string, std::function<void(test::GgufWriter&)>> keys;
+  std::map<std::string, std::function<void(gguf::Writer&)>> keys;
   std::vector<FileTensor> tensors;
   float ssm_a = -0.5f;
   std::map<std::string, std::function<float(std::uint64_t)>> f32_values;  // F32 tensors' contents (else zeros)
 
   ModelFile() {
-    auto u32 = [](std::uint32_t v) { return [v](test::GgufWriter& w) { w.put<std::uint32_t>(std::uint32_t(ValueType::kU32)), w.put(v); }; };
-    auto f32 = [](float v) { return [v](test::GgufWriter& w) { w.put<std::uint32_t>(std::uint32_t(ValueType::kF32)), w.put(v); }; };
-    keys["general.architecture"] = [](test::GgufWriter& w) { w.put<std::uint32_t>(std::uint32_t(ValueType::kString)), w.str("kimi-linear"); };
-    keys["general.name"] = [](test::GgufWriter& w) { w.put<std::uint32_t>(std::uint32_t(ValueType::kString)), w.str("kimi-test"); };
+    auto u32 = [](std::uint32_t v) { return [v](gguf::Writer& w) { w.put<std::uint32_t>(std::uint32_t(ValueType::kU32)), w.put(v); }; };
+    auto f32 = [](float v) { return [v](gguf::Writer& w) { w.put<std::uint32_t>(std::uint32_t(ValueType::kF32)), w.put(v); }; };
+    keys["general.architecture"] = [](gguf::Writer& w) { w.put<std::uint32_t>(std::uint32_t(ValueType::kString)), w.str("kimi-linear"); };
+    keys["general.name"] = [](gguf::Writer& w) { w.put<std::uint32_t>(std::uint32_t(ValueType::kString)), w.str("kimi-test"); };
     keys["kimi-linear.block_count"] = u32(4);
     keys["kimi-linear.embedding_length"] = u32(256);
     keys["kimi-linear.feed_forward_length"] = u32(512);
     keys["kimi-linear.attention.head_count"] = u32(8);
-    keys["kimi-linear.attention.head_count_kv"] = [](test::GgufWriter& w) {
+    keys["kimi-linear.attention.head_count_kv"] = [](gguf::Writer& w) {
       w.put<std::uint32_t>(std::uint32_t(ValueType::kArray)), w.put<std::uint32_t>(std::uint32_t(ValueType::kI32));
       w.put<std::uint64_t>(4);
       for (int v : {0, 0, 1, 0}) w.put<std::int32_t>(v);
@@ -121,7 +120,7 @@ struct ModelFile {
   }
 
   std::vector<unsigned char> write() const {
-    test::GgufWriter w;
+    gguf::Writer w;
     w.put<std::uint32_t>(0x46554747), w.put<std::uint32_t>(3);
     w.put<std::uint64_t>(tensors.size()), w.put<std::uint64_t>(keys.size());
     for (const auto& [k, value] : keys) {
@@ -143,21 +142,21 @@ struct ModelFile {
       w.put(offset);
       offset = (offset + bytes.back() + 31) / 32 * 32;
     }
-    w.align(32);
-    const std::size_t data = w.bytes.size();
-    w.bytes.resize(data + offset, 0);
+    w.pad_to(32);
+    const std::size_t data = w.bytes().size();
+    w.bytes().resize(data + offset, 0);
     std::uint64_t at = 0;
     for (std::size_t i = 0; i < tensors.size(); ++i) {
       if (tensors[i].name.size() > 5 && tensors[i].name.substr(tensors[i].name.size() - 5) == "ssm_a")
-        for (std::uint64_t j = 0; j < bytes[i] / 4; ++j) std::memcpy(w.bytes.data() + data + at + 4 * j, &ssm_a, 4);
+        for (std::uint64_t j = 0; j < bytes[i] / 4; ++j) std::memcpy(w.bytes().data() + data + at + 4 * j, &ssm_a, 4);
       if (auto fill = f32_values.find(tensors[i].name); fill != f32_values.end())
         for (std::uint64_t j = 0; j < bytes[i] / 4; ++j) {
           const float v = fill->second(j);
-          std::memcpy(w.bytes.data() + data + at + 4 * j, &v, 4);
+          std::memcpy(w.bytes().data() + data + at + 4 * j, &v, 4);
         }
       at = (at + bytes[i] + 31) / 32 * 32;
     }
-    return w.bytes;
+    return w.bytes();
   }
 };
 
@@ -208,23 +207,23 @@ TEST(GgufModel, ConfigRefusalsNameTheKey) {
     EXPECT_EQ(s.code(), code) << what << ": " << s.to_string();
     EXPECT_NE(s.message().find(needle), std::string::npos) << what << ": " << s.message();
   };
-  refused("arch", [](ModelFile& m) { m.keys["general.architecture"] = [](test::GgufWriter& w) { w.put<std::uint32_t>(8), w.str("llama"); }; },
+  refused("arch", [](ModelFile& m) { m.keys["general.architecture"] = [](gguf::Writer& w) { w.put<std::uint32_t>(8), w.str("llama"); }; },
           StatusCode::kUnsupported, "general.architecture = llama");
   refused("missing key", [](ModelFile& m) { m.keys.erase("kimi-linear.kda.head_dim"); }, StatusCode::kInvalidFile,
           "kimi-linear.kda.head_dim is missing");
-  refused("head dim", [](ModelFile& m) { m.keys["kimi-linear.kda.head_dim"] = [](test::GgufWriter& w) { w.put<std::uint32_t>(4), w.put<std::uint32_t>(96); }; },
+  refused("head dim", [](ModelFile& m) { m.keys["kimi-linear.kda.head_dim"] = [](gguf::Writer& w) { w.put<std::uint32_t>(4), w.put<std::uint32_t>(96); }; },
           StatusCode::kUnsupported, "kimi-linear.kda.head_dim = 96");
-  refused("kv lora", [](ModelFile& m) { m.keys["kimi-linear.attention.kv_lora_rank"] = [](test::GgufWriter& w) { w.put<std::uint32_t>(4), w.put<std::uint32_t>(256); }; },
+  refused("kv lora", [](ModelFile& m) { m.keys["kimi-linear.attention.kv_lora_rank"] = [](gguf::Writer& w) { w.put<std::uint32_t>(4), w.put<std::uint32_t>(256); }; },
           StatusCode::kUnsupported, "kv_lora_rank = 256");
   refused("layer list", [](ModelFile& m) {
-    m.keys["kimi-linear.attention.head_count_kv"] = [](test::GgufWriter& w) {
+    m.keys["kimi-linear.attention.head_count_kv"] = [](gguf::Writer& w) {
       w.put<std::uint32_t>(9), w.put<std::uint32_t>(5), w.put<std::uint64_t>(3);
       for (int v : {0, 0, 1}) w.put<std::int32_t>(v);
     };
   }, StatusCode::kInvalidFile, "has 3 entries for 4 layers");
-  refused("eps type", [](ModelFile& m) { m.keys["kimi-linear.attention.layer_norm_rms_epsilon"] = [](test::GgufWriter& w) { w.put<std::uint32_t>(4), w.put<std::uint32_t>(1); }; },
+  refused("eps type", [](ModelFile& m) { m.keys["kimi-linear.attention.layer_norm_rms_epsilon"] = [](gguf::Writer& w) { w.put<std::uint32_t>(4), w.put<std::uint32_t>(1); }; },
           StatusCode::kInvalidFile, "not a float");
-  refused("gating", [](ModelFile& m) { m.keys["kimi-linear.expert_gating_func"] = [](test::GgufWriter& w) { w.put<std::uint32_t>(4), w.put<std::uint32_t>(4); }; },
+  refused("gating", [](ModelFile& m) { m.keys["kimi-linear.expert_gating_func"] = [](gguf::Writer& w) { w.put<std::uint32_t>(4), w.put<std::uint32_t>(4); }; },
           StatusCode::kUnsupported, "expert_gating_func = 4");
 }
 
