@@ -477,7 +477,9 @@ Status save_gguf(const std::string& path, const ModelConfig& c, const TensorAren
   count([&] { img.text("general.architecture", kArch); });
   count([&] { img.text("general.name", c.name); });
   count([&] { img.u32("general.alignment", 32); });
+  count([&] { img.text("tokenizer.ggml.model", "none"); });  // no vocabulary: llama.cpp sizes it from vocab_size
   count([&] { img.u32(key("block_count"), std::uint32_t(c.layers())); });
+  count([&] { img.u32(key("context_length"), 1u << 20); });  // Kimi-Linear's; llama.cpp requires the key
   count([&] { img.u32(key("embedding_length"), std::uint32_t(c.hidden)); });
   count([&] { img.u32(key("feed_forward_length"), std::uint32_t(c.dense_width)); });
   count([&] { img.u32(key("vocab_size"), std::uint32_t(c.vocab)); });

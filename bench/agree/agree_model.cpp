@@ -1,0 +1,118 @@
+// encore_agree_model: a small random kimi-linear model written as a GGUF file (save_gguf), and
+// encore's fp64 reference logits for a token sequence run one token per step. bench/agree/run.sh
+// runs llama.cpp on the same file and compares (docs/gguf.md §6).
+//
+//   encore_agree_model OUT.gguf LOGITS.bin STEPS SEED
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include <cuda_bf16.h>
+
+#include <encore/pipeline/gguf_model.h>
+#include <encore/pipeline/weight_layout.h>
+#include <encore/q4k.h>
+#include <encore/ref/pipeline.h>
+
+#include "agree/agree_tokens.h"
+
+using namespace encore;
+using namespace encore::pipeline;
+
+namespace {
+
+// The tiny Kimi-Linear of the agreement run: 4 layers (dense KDA, MoE KDA, MoE MLA, MoE KDA),
+// production head dims, hidden 256, 8 heads, 16 experts.
+ModelConfig agree_config() {
+  ModelConfig c;
+  c.name = "encore-agree-tiny";
+  c.hidden = 256, c.vocab = 512, c.dense_width = 512;
+  c.kda.heads = c.mla.heads = 8;
+  c.moe.experts = 16, c.moe.top_k = 4, c.moe.expert_width = 256;
+  throw_if_error(ModelConfig::layers_from_lists(4, {1, 2, 4}, {3}, 1, c));
+  return c;
+}
+
+bool ends_with(const std::string& s, const char* suffix) {
+  const std::string t(suffix);
+  return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+}
+
+// The distributions fill_random_weights draws from (random Q4_K codes and scales with
+// d = 1 / (256 sqrt(K)); small tensors by their role), drawn on the host.
+void fill(const TensorArena& layout, std::vector<unsigned char>& host, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> unit(0.f, 1.f);
+  for (const TensorInfo& t : layout.tensors()) {
+    unsigned char* p = host.data() + t.offset;
+    const std::int64_t k = t.dims.back();
+    if (t.dtype == DType::kQ4K) {
+      for (std::int64_t i = 0; i < t.bytes; ++i) p[i] = static_cast<unsigned char>(rng());
+      const float d = 1.f / (256.f * std::sqrt(float(k)));
+      const std::uint16_t dh = q4k::float_to_half(d), mh = q4k::float_to_half(7.5f * d);
+      for (std::int64_t b = 0; b < t.bytes / q4k::kBlockBytes; ++b) {
+        std::memcpy(p + b * q4k::kBlockBytes, &dh, 2);
+        std::memcpy(p + b * q4k::kBlockBytes + 2, &mh, 2);
+      }
+      continue;
+    }
+    const bool bf16 = t.dtype == DType::kBf16;
+    for (std::int64_t i = 0; i < t.bytes / (bf16 ? 2 : 4); ++i) {
+      const float x = unit(rng), s = 2.f * x - 1.f;
+      float v = std::sqrt(3.f / float(k)) * s;
+      if (ends_with(t.name, "norm.weight")) v = 1.f + 0.17f * s;
+      else if (t.name.find("ssm_conv1d") != std::string::npos) v = 0.87f * s;
+      else if (ends_with(t.name, "ssm_a_log")) v = std::log(1.f + 15.f * x);
+      else if (ends_with(t.name, "ssm_dt.bias")) v = std::log(std::expm1(std::exp(std::log(1e-3f) + x * (std::log(1e-1f) - std::log(1e-3f)))));
+      else if (ends_with(t.name, "exp_probs_b.bias")) v = 0.5f * s;
+      else if (t.name == "token_embd.weight") v = 1.73f * s;
+      if (bf16) {
+        const __nv_bfloat16 b = __float2bfloat16_rn(v);
+        std::memcpy(p + 2 * i, &b, 2);
+      } else {
+        std::memcpy(p + 4 * i, &v, 4);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::fprintf(stderr, "usage: encore_agree_model OUT.gguf LOGITS.bin STEPS SEED\n");
+    return 2;
+  }
+  const int steps = std::atoi(argv[3]);
+  const std::uint64_t seed = std::strtoull(argv[4], nullptr, 0);
+  const ModelConfig c = agree_config();
+  TensorArena layout;
+  throw_if_error(build_weight_layout(c, layout));
+  std::vector<unsigned char> weights(std::size_t(layout.total_bytes()));
+  fill(layout, weights, seed);
+  throw_if_error(save_gguf(argv[1], c, layout, weights.data()));
+
+  BufferOptions o;
+  o.max_batch = 1, o.max_slots = 1, o.max_pages = 4, o.max_pages_per_seq = 4, o.mla_num_parts = 132;
+  if (steps < 1 || steps > o.max_pages_per_seq * 64) {
+    std::fprintf(stderr, "encore_agree_model: STEPS must be in 1..%d\n", o.max_pages_per_seq * 64);
+    return 2;
+  }
+  ref::DecodeRefState state = ref::decode_ref_state(c, o);
+  std::FILE* out = std::fopen(argv[2], "wb");
+  if (!out) return 1;
+  for (int t = 0; t < steps; ++t) {
+    StepInputs in;
+    in.token_ids = {agree::token(seed, t, c.vocab)};
+    in.positions = {t}, in.seq_lens = {t + 1}, in.slot_ids = {0}, in.block_table = {0, 1, 2, 3};
+    const std::vector<double> logits = ref::decode_step(c, o, layout, weights.data(), in, 1, false, state);
+    const std::vector<float> row(logits.begin(), logits.begin() + c.vocab);
+    std::fwrite(row.data(), sizeof(float), row.size(), out);
+  }
+  std::fclose(out);
+  std::printf("encore_agree_model: %s, %d steps of fp64-reference logits (vocab %d)\n", argv[1], steps, c.vocab);
+  return 0;
+}
