@@ -2,7 +2,9 @@
 // encore's fp64 reference logits for a token sequence run one token per step. bench/agree/run.sh
 // runs llama.cpp on the same file and compares (docs/gguf.md §6).
 //
-//   encore_agree_model OUT.gguf LOGITS.bin STEPS SEED
+//   encore_agree_model OUT.gguf LOGITS.bin STEPS SEED [int8]
+// (int8: the reference with the kernels' int8 activations in the Q4_K products, as the device runs
+// them, instead of exact ones.)
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -82,8 +84,8 @@ void fill(const TensorArena& layout, std::vector<unsigned char>& host, std::uint
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: encore_agree_model OUT.gguf LOGITS.bin STEPS SEED\n");
+  if (argc != 5 && !(argc == 6 && std::string(argv[5]) == "int8")) {
+    std::fprintf(stderr, "usage: encore_agree_model OUT.gguf LOGITS.bin STEPS SEED [int8]\n");
     return 2;
   }
   const int steps = std::atoi(argv[3]);
@@ -108,7 +110,7 @@ int main(int argc, char** argv) {
     StepInputs in;
     in.token_ids = {agree::token(seed, t, c.vocab)};
     in.positions = {t}, in.seq_lens = {t + 1}, in.slot_ids = {0}, in.block_table = {0, 1, 2, 3};
-    const std::vector<double> logits = ref::decode_step(c, o, layout, weights.data(), in, 1, false, state);
+    const std::vector<double> logits = ref::decode_step(c, o, layout, weights.data(), in, 1, argc == 6, state);
     const std::vector<float> row(logits.begin(), logits.begin() + c.vocab);
     std::fwrite(row.data(), sizeof(float), row.size(), out);
   }
