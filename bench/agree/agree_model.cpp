@@ -2,15 +2,20 @@
 // encore's fp64 reference logits for a token sequence run one token per step. bench/agree/run.sh
 // runs llama.cpp on the same file and compares (docs/gguf.md §6).
 //
-//   encore_agree_model OUT.gguf LOGITS.bin STEPS SEED [int8]
-// (int8: the reference with the kernels' int8 activations in the Q4_K products, as the device runs
-// them, instead of exact ones.)
+//   encore_agree_model OUT.gguf LOGITS.bin STEPS SEED [int8] [routing=FILE]
+// int8: the reference with the kernels' int8 activations in the Q4_K products, as the device runs
+// them, instead of exact ones. routing=FILE: the MoE layers take llama.cpp's routing of each step
+// (llama_logits' dump) instead of their own, so a near-tie decided the other way does not move
+// the comparison.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <cuda_bf16.h>
 
@@ -83,9 +88,35 @@ void fill(const TensorArena& layout, std::vector<unsigned char>& host, std::uint
 
 }  // namespace
 
+// llama_logits' routing dump: (step, layer) -> (ids, weights).
+using Routing = std::map<std::pair<int, int>, std::pair<std::vector<int>, std::vector<float>>>;
+bool read_routing(const char* path, Routing& out) {
+  std::FILE* f = std::fopen(path, "rb");
+  if (!f) return false;
+  std::int32_t head[3];
+  while (std::fread(head, sizeof(std::int32_t), 3, f) == 3) {
+    auto& [ids, weights] = out[{head[0], head[1]}];
+    ids.resize(std::size_t(head[2]));
+    weights.resize(std::size_t(head[2]));
+    if (std::fread(ids.data(), sizeof(int), ids.size(), f) != ids.size() ||
+        std::fread(weights.data(), sizeof(float), weights.size(), f) != weights.size())
+      break;
+  }
+  std::fclose(f);
+  return true;
+}
+
 int main(int argc, char** argv) {
-  if (argc != 5 && !(argc == 6 && std::string(argv[5]) == "int8")) {
-    std::fprintf(stderr, "usage: encore_agree_model OUT.gguf LOGITS.bin STEPS SEED [int8]\n");
+  bool int8 = false, bad = argc < 5;
+  Routing routing;
+  for (int a = 5; a < argc; ++a) {
+    const std::string arg = argv[a];
+    if (arg == "int8") int8 = true;
+    else if (arg.rfind("routing=", 0) == 0) bad |= !read_routing(arg.c_str() + 8, routing);
+    else bad = true;
+  }
+  if (bad) {
+    std::fprintf(stderr, "usage: encore_agree_model OUT.gguf LOGITS.bin STEPS SEED [int8] [routing=FILE]\n");
     return 2;
   }
   const int steps = std::atoi(argv[3]);
@@ -110,7 +141,12 @@ int main(int argc, char** argv) {
     StepInputs in;
     in.token_ids = {agree::token(seed, t, c.vocab)};
     in.positions = {t}, in.seq_lens = {t + 1}, in.slot_ids = {0}, in.block_table = {0, 1, 2, 3};
-    const std::vector<double> logits = ref::decode_step(c, o, layout, weights.data(), in, 1, argc == 6, state);
+    const ref::RoutingHook replay = [&](int layer, std::vector<int>& ids, std::vector<float>& w) {
+      if (const auto it = routing.find({t, layer}); it != routing.end() && it->second.first.size() == ids.size())
+        ids = it->second.first, w = it->second.second;
+    };
+    const std::vector<double> logits =
+        ref::decode_step(c, o, layout, weights.data(), in, 1, int8, state, routing.empty() ? ref::RoutingHook{} : replay);
     const std::vector<float> row(logits.begin(), logits.begin() + c.vocab);
     std::fwrite(row.data(), sizeof(float), row.size(), out);
   }

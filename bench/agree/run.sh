@@ -27,10 +27,16 @@ g++ -std=c++17 -O2 bench/agree/llama_logits.cpp -Ibench/agree -I"$LLAMA/include"
   "$PEERS/llama-build/ggml/src/libggml-base.a" -lpthread -fopenmp -o "$PEERS/llama_logits"
 OUT=out/agree
 mkdir -p "$OUT"
-PAIRS=()
+OWN=()
+REPLAYED=()
 for SEED in $SEEDS; do
   build/bench/encore_agree_model "$OUT/tiny_$SEED.gguf" "$OUT/encore_$SEED.bin" "$STEPS" "$SEED"
-  "$PEERS/llama_logits" "$OUT/tiny_$SEED.gguf" "$OUT/llama_$SEED.bin" "$STEPS" "$SEED" 2>"$OUT/llama_$SEED.log"
-  PAIRS+=("$OUT/encore_$SEED.bin" "$OUT/llama_$SEED.bin")
+  "$PEERS/llama_logits" "$OUT/tiny_$SEED.gguf" "$OUT/llama_$SEED.bin" "$STEPS" "$SEED" "$OUT/routing_$SEED.bin" 2>"$OUT/llama_$SEED.log"
+  build/bench/encore_agree_model "$OUT/tiny_$SEED.gguf" "$OUT/encore_replayed_$SEED.bin" "$STEPS" "$SEED" "routing=$OUT/routing_$SEED.bin"
+  OWN+=("$OUT/encore_$SEED.bin" "$OUT/llama_$SEED.bin")
+  REPLAYED+=("$OUT/encore_replayed_$SEED.bin" "$OUT/llama_$SEED.bin")
 done
-python3 bench/agree/compare.py 512 "${PAIRS[@]}"
+echo "== each side routes itself"
+python3 bench/agree/compare.py 512 "${OWN[@]}" | tail -1
+echo "== encore replays llama.cpp's routing"
+python3 bench/agree/compare.py 512 "${REPLAYED[@]}"
