@@ -103,9 +103,18 @@ Status model_config_from_gguf(const gguf::File& f, ModelConfig* out) {
     if (kv_heads->value.type == gguf::ValueType::kArray) {
       ENCORE_REQUIRE(kv_heads->value.count == std::uint64_t(layers), StatusCode::kInvalidFile, f.name(), ": ",
                      key("attention.head_count_kv"), " has ", kv_heads->value.count, " entries for ", layers, " layers");
+      const gguf::ValueType e = kv_heads->value.element;
+      ENCORE_REQUIRE(e != gguf::ValueType::kF32 && e != gguf::ValueType::kF64 && e != gguf::ValueType::kString && e != gguf::ValueType::kArray &&
+                         e != gguf::ValueType::kBool,
+                     StatusCode::kInvalidFile, f.name(), ": ", key("attention.head_count_kv"), " is an array of ", gguf::to_string(e),
+                     " (integers expected)");
       gguf::Value v;
       ENCORE_RETURN_IF_ERROR(f.array_element(kv_heads->value, std::uint64_t(l), &v));
-      n = v.type == gguf::ValueType::kI32 || v.type == gguf::ValueType::kI64 ? v.i : std::int64_t(v.u);
+      n = v.type == gguf::ValueType::kI8 || v.type == gguf::ValueType::kI16 || v.type == gguf::ValueType::kI32 ||
+                  v.type == gguf::ValueType::kI64
+              ? v.i
+              : std::int64_t(v.u);
+      ENCORE_REQUIRE(n >= 0, StatusCode::kInvalidFile, f.name(), ": ", key("attention.head_count_kv"), "[", l, "] = ", n);
     } else {
       ENCORE_RETURN_IF_ERROR(f.get(key("attention.head_count_kv"), &n));
     }

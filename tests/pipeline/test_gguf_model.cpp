@@ -221,6 +221,12 @@ TEST(GgufModel, ConfigRefusalsNameTheKey) {
       for (int v : {0, 0, 1}) w.put<std::int32_t>(v);
     };
   }, StatusCode::kInvalidFile, "has 3 entries for 4 layers");
+  refused("layer list type", [](ModelFile& m) {
+    m.keys["kimi-linear.attention.head_count_kv"] = [](gguf::Writer& w) {
+      w.put<std::uint32_t>(9), w.put<std::uint32_t>(6), w.put<std::uint64_t>(4);
+      for (float v : {0.f, 0.f, 1.f, 0.f}) w.put<float>(v);
+    };
+  }, StatusCode::kInvalidFile, "is an array of f32");
   refused("eps type", [](ModelFile& m) { m.keys["kimi-linear.attention.layer_norm_rms_epsilon"] = [](gguf::Writer& w) { w.put<std::uint32_t>(4), w.put<std::uint32_t>(1); }; },
           StatusCode::kInvalidFile, "not a float");
   refused("gating", [](ModelFile& m) { m.keys["kimi-linear.expert_gating_func"] = [](gguf::Writer& w) { w.put<std::uint32_t>(4), w.put<std::uint32_t>(4); }; },
