@@ -269,8 +269,7 @@ Status decode_all(const gguf::TensorInfo& t, std::vector<float>& out) {
   return gguf::decode(t.type, t.data, t.elements(), out.data());
 }
 
-void store_bf16(const std::vector<float>& v, void* out) {
-  auto* o = static_cast<__nv_bfloat16*>(out);
+void store_bf16(const std::vector<float>& v, __nv_bfloat16* o) {
   for (std::size_t i = 0; i < v.size(); ++i) o[i] = __float2bfloat16_rn(v[i]);
 }
 
@@ -294,13 +293,22 @@ Status convert_weight(const TensorSource& s, const TensorInfo& w, void* out) {
       return {};
     }
     case TensorConversion::kToF32:
-    case TensorConversion::kToBf16:
-      ENCORE_RETURN_IF_ERROR(decode_all(t, v));
-      if (s.conversion == TensorConversion::kToF32)
-        std::memcpy(out, v.data(), v.size() * 4);
-      else
-        store_bf16(v, out);
+    case TensorConversion::kToBf16: {
+      // In pieces of whole blocks, so a large tensor (the embedding) needs no fp32 copy of itself.
+      std::int64_t block_values = 0, block_bytes = 0;
+      gguf::block_shape(std::uint32_t(t.type), &block_values, &block_bytes);
+      const std::int64_t piece = (std::int64_t(1) << 20) / block_values * block_values, total = t.elements();
+      for (std::int64_t at = 0; at < total; at += piece) {
+        const std::int64_t n = std::min(piece, total - at);
+        v.resize(std::size_t(n));
+        ENCORE_RETURN_IF_ERROR(gguf::decode(t.type, static_cast<const char*>(t.data) + at / block_values * block_bytes, n, v.data()));
+        if (s.conversion == TensorConversion::kToF32)
+          std::memcpy(static_cast<float*>(out) + at, v.data(), std::size_t(n) * 4);
+        else
+          store_bf16(v, static_cast<__nv_bfloat16*>(out) + at);
+      }
       return {};
+    }
     case TensorConversion::kLogNegA: {
       ENCORE_RETURN_IF_ERROR(decode_all(t, v));
       auto* o = static_cast<float*>(out);
@@ -321,7 +329,7 @@ Status convert_weight(const TensorSource& s, const TensorInfo& w, void* out) {
         for (std::int64_t r = 0; r < vdim; ++r)
           std::memcpy(&kv[std::size_t((h * rows + nope + r) * latent)], &vv[std::size_t((h * vdim + r) * latent)], std::size_t(latent) * 4);
       }
-      store_bf16(kv, out);
+      store_bf16(kv, static_cast<__nv_bfloat16*>(out));
       return {};
     }
   }
