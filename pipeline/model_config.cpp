@@ -48,6 +48,16 @@ ModelConfig ModelConfig::tiny(bool rope) {
   return c;
 }
 
+ModelConfig ModelConfig::tiny_kimi_linear() {
+  ModelConfig c;
+  c.name = "tiny-kimi-linear";
+  c.hidden = 256, c.vocab = 512, c.dense_width = 512;
+  c.kda.heads = c.mla.heads = 8;
+  c.moe.experts = 16, c.moe.top_k = 4, c.moe.expert_width = 256;
+  throw_if_error(layers_from_lists(4, {1, 2, 4}, {3}, 1, c));
+  return c;
+}
+
 Status ModelConfig::layers_from_lists(int layers, const std::vector<int>& kda_layers_1based,
                                       const std::vector<int>& full_attn_layers_1based, int first_dense_layers,
                                       ModelConfig& config) {

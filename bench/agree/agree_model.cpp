@@ -31,18 +31,6 @@ using namespace encore::pipeline;
 
 namespace {
 
-// The tiny Kimi-Linear of the agreement run: 4 layers (dense KDA, MoE KDA, MoE MLA, MoE KDA),
-// production head dims, hidden 256, 8 heads, 16 experts.
-ModelConfig agree_config() {
-  ModelConfig c;
-  c.name = "encore-agree-tiny";
-  c.hidden = 256, c.vocab = 512, c.dense_width = 512;
-  c.kda.heads = c.mla.heads = 8;
-  c.moe.experts = 16, c.moe.top_k = 4, c.moe.expert_width = 256;
-  throw_if_error(ModelConfig::layers_from_lists(4, {1, 2, 4}, {3}, 1, c));
-  return c;
-}
-
 bool ends_with(const std::string& s, const char* suffix) {
   const std::string t(suffix);
   return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
@@ -121,7 +109,7 @@ int main(int argc, char** argv) {
   }
   const int steps = std::atoi(argv[3]);
   const std::uint64_t seed = std::strtoull(argv[4], nullptr, 0);
-  const ModelConfig c = agree_config();
+  const ModelConfig c = ModelConfig::tiny_kimi_linear();
   TensorArena layout;
   throw_if_error(build_weight_layout(c, layout));
   std::vector<unsigned char> weights(std::size_t(layout.total_bytes()));

@@ -83,6 +83,13 @@ void poke(std::vector<unsigned char>& b, std::size_t at, T v) {
   std::memcpy(b.data() + at, &v, sizeof(T));
 }
 
+// Where `text` (a key or a tensor name) first stands in the image, and what follows it 4 bytes
+// later: a key's value (after its u32 type word), a tensor's first dimension (after its count).
+std::size_t find(const std::vector<unsigned char>& b, const std::string& text) {
+  return std::size_t(std::search(b.begin(), b.end(), text.begin(), text.end()) - b.begin());
+}
+std::size_t value_of(const std::vector<unsigned char>& b, const std::string& key) { return find(b, key) + key.size() + 4; }
+
 Status parse(const std::vector<unsigned char>& b, File& f) { return File::parse(b.data(), b.size(), "test.gguf", f); }
 
 TEST(Gguf, ReadsEveryValueTypeAndTensor) {
@@ -186,33 +193,23 @@ TEST(Gguf, CorruptionsAreNamed) {
   expect("huge dim", with([&](auto& b) { poke<std::uint64_t>(b, good.first_dim_at, ~0ull); }), "dimension 0");
   // A Q4_K row that is not whole blocks: the attn_q tensor's first dim follows its name.
   expect("partial block", with([&](auto& b) {
-           const std::string name = "blk.0.attn_q.weight";
-           const auto at = std::search(b.begin(), b.end(), name.begin(), name.end()) - b.begin() + name.size() + 4;
-           poke<std::uint64_t>(b, std::size_t(at), 255);
+           poke<std::uint64_t>(b, value_of(b, "blk.0.attn_q.weight"), 255);  // (after the dimension count)
          }),
          "not whole Q4_K blocks");
   expect("duplicate tensor", with([&](auto& b) {
-           const std::string name = "blk.1.norm.weight";
-           const auto at = std::search(b.begin(), b.end(), name.begin(), name.end()) - b.begin();
-           b[std::size_t(at) + 4] = '0';  // now blk.0.norm.weight, the first tensor's name
+           b[find(b, "blk.1.norm.weight") + 4] = '0';  // now blk.0.norm.weight, the first tensor's name
          }),
          "tensor blk.0.norm.weight appears twice");
   expect("duplicate key", with([&](auto& b) {
-           const std::string key = "t.i16";
-           const auto at = std::search(b.begin(), b.end(), key.begin(), key.end()) - b.begin();
-           std::memcpy(b.data() + at, "t.u16", key.size());
+           std::memcpy(b.data() + find(b, "t.i16"), "t.u16", 5);
          }),
          "key t.u16 appears twice");
   expect("bad alignment", with([&](auto& b) {
-           const std::string key = "general.alignment";
-           const auto at = std::search(b.begin(), b.end(), key.begin(), key.end()) - b.begin() + key.size() + 4;
-           poke<std::uint32_t>(b, std::size_t(at), 24);
+           poke<std::uint32_t>(b, value_of(b, "general.alignment"), 24);
          }),
          "general.alignment = 24");
   expect("bool", with([&](auto& b) {
-           const std::string key = "t.bool";
-           const auto at = std::search(b.begin(), b.end(), key.begin(), key.end()) - b.begin() + key.size() + 4;
-           b[std::size_t(at)] = 2;
+           b[value_of(b, "t.bool")] = 2;
          }),
          "bool of value 2");
 }

@@ -32,7 +32,8 @@ struct FileTensor {
   TensorType type;
 };
 
-// The test model: 4 layers (0 dense KDA, 1 KDA, 2 MLA, 3 KDA), hidden 256, 8 heads, 16 experts.
+// The test model, ModelConfig::tiny_kimi_linear() as llama.cpp writes it: 4 layers (0 dense KDA,
+// 1 KDA, 2 MLA, 3 KDA), hidden 256, 8 heads, 16 experts.
 struct ModelFile {
   std::map<std::string, std::function<void(gguf::Writer&)>> keys;
   std::vector<FileTensor> tensors;
@@ -160,16 +161,26 @@ struct ModelFile {
   }
 };
 
+// A test file written and read back, with the model it describes (`configured`: the verdict of
+// model_config_from_gguf) and that model's weight layout.
 struct Parsed {
   std::vector<unsigned char> bytes;
   gguf::File file;
-  explicit Parsed(const ModelFile& m) : bytes(m.write()) { EXPECT_TRUE(gguf::File::parse(bytes.data(), bytes.size(), "kimi.gguf", file).ok()); }
+  ModelConfig config;
+  Status configured;
+  TensorArena weights;
+  explicit Parsed(const ModelFile& m) : bytes(m.write()) {
+    EXPECT_TRUE(gguf::File::parse(bytes.data(), bytes.size(), "kimi.gguf", file).ok());
+    configured = model_config_from_gguf(file, &config);
+    if (configured.ok()) EXPECT_TRUE(build_weight_layout(config, weights).ok());
+  }
+  Status plan(std::vector<TensorSource>* out) const { return plan_gguf_weights(file, config, weights, out); }
 };
 
 TEST(GgufModel, ConfigFromKimiLinearMetadata) {
-  Parsed p{ModelFile{}};
-  ModelConfig c;
-  ENCORE_OK(model_config_from_gguf(p.file, &c));
+  const Parsed p{ModelFile{}};
+  ENCORE_OK(p.configured);
+  const ModelConfig& c = p.config;
   EXPECT_EQ(c.name, "kimi-test");
   EXPECT_EQ(c.layers(), 4);
   EXPECT_EQ(c.attention, (std::vector<Attention>{Attention::kKda, Attention::kKda, Attention::kMla, Attention::kKda}));
@@ -201,9 +212,8 @@ TEST(GgufModel, ConfigRefusalsNameTheKey) {
   auto refused = [](const char* what, auto edit, StatusCode code, const char* needle) {
     ModelFile m;
     edit(m);
-    Parsed p{m};
-    ModelConfig c;
-    const Status s = model_config_from_gguf(p.file, &c);
+    const Parsed p{m};
+    const Status& s = p.configured;
     EXPECT_EQ(s.code(), code) << what << ": " << s.to_string();
     EXPECT_NE(s.message().find(needle), std::string::npos) << what << ": " << s.message();
   };
@@ -234,13 +244,11 @@ TEST(GgufModel, ConfigRefusalsNameTheKey) {
 }
 
 TEST(GgufModel, EveryWeightHasASource) {
-  Parsed p{ModelFile{}};
-  ModelConfig c;
-  ENCORE_OK(model_config_from_gguf(p.file, &c));
-  TensorArena weights;
-  ENCORE_OK(build_weight_layout(c, weights));
+  const Parsed p{ModelFile{}};
+  ENCORE_OK(p.configured);
+  const TensorArena& weights = p.weights;
   std::vector<TensorSource> plan;
-  ENCORE_OK(plan_gguf_weights(p.file, c, weights, &plan));
+  ENCORE_OK(p.plan(&plan));
   ASSERT_EQ(plan.size(), weights.tensors().size());
   std::map<std::string, const TensorSource*> by;
   for (const TensorSource& s : plan) by[s.name] = &s;
@@ -265,13 +273,10 @@ TEST(GgufModel, FusedQkvIsSlicedByRows) {
   ModelFile m;
   for (const char* n : {"attn_q.weight", "attn_k.weight", "attn_v.weight"}) m.drop(layer_tensor(1, n));
   m.tensors.push_back({layer_tensor(1, "attn_qkv.weight"), {256, 3 * 1024}, TensorType::kQ4_K});
-  Parsed p{m};
-  ModelConfig c;
-  ENCORE_OK(model_config_from_gguf(p.file, &c));
-  TensorArena weights;
-  ENCORE_OK(build_weight_layout(c, weights));
+  const Parsed p{m};
+  ENCORE_OK(p.configured);
   std::vector<TensorSource> plan;
-  ENCORE_OK(plan_gguf_weights(p.file, c, weights, &plan));
+  ENCORE_OK(p.plan(&plan));
   for (const TensorSource& s : plan)
     if (s.name == layer_tensor(1, "attn_v.weight")) {
       EXPECT_EQ(s.conversion, TensorConversion::kRowSlice);
@@ -283,13 +288,10 @@ TEST(GgufModel, WeightRefusalsNameTheTensor) {
   auto refused = [](const char* what, auto edit, StatusCode code, const char* needle) {
     ModelFile m;
     edit(m);
-    Parsed p{m};
-    ModelConfig c;
-    ENCORE_OK(model_config_from_gguf(p.file, &c));
-    TensorArena weights;
-    ENCORE_OK(build_weight_layout(c, weights));
+    const Parsed p{m};
+    ENCORE_OK(p.configured);
     std::vector<TensorSource> plan;
-    const Status s = plan_gguf_weights(p.file, c, weights, &plan);
+    const Status s = p.plan(&plan);
     EXPECT_EQ(s.code(), code) << what << ": " << s.to_string();
     EXPECT_NE(s.message().find(needle), std::string::npos) << what << ": " << s.message();
   };
@@ -320,13 +322,11 @@ TEST(GgufModel, ConvertsWeights) {
   m.f32_values[k_b] = [&](std::uint64_t i) { return k_of(i / (128 * 512), i / 128 % 512, i % 128); };
   m.f32_values[v_b] = [&](std::uint64_t i) { return v_of(i / (512 * 128), i / 512 % 128, i % 512); };
   m.f32_values[layer_tensor(1, "ffn_gate_inp.weight")] = [](std::uint64_t i) { return 1.f + float(i % 7) / 1024.f; };
-  Parsed p{m};
-  ModelConfig c;
-  ENCORE_OK(model_config_from_gguf(p.file, &c));
-  TensorArena weights;
-  ENCORE_OK(build_weight_layout(c, weights));
+  const Parsed p{m};
+  ENCORE_OK(p.configured);
+  const TensorArena& weights = p.weights;
   std::vector<TensorSource> plan;
-  ENCORE_OK(plan_gguf_weights(p.file, c, weights, &plan));
+  ENCORE_OK(p.plan(&plan));
   auto converted = [&](const std::string& name) {
     for (std::size_t i = 0; i < plan.size(); ++i)
       if (plan[i].name == name) {
@@ -369,9 +369,9 @@ TEST(GgufModelGpu, LoadsEveryWeightIntoThePipeline) {
   for (FileTensor& t : m.tensors)
     if (t.type == TensorType::kF32 && t.name.find("ssm_a") == std::string::npos)
       m.f32_values[t.name] = [seed = rng()](std::uint64_t i) { return float((seed + i * 2654435761u) % 1000) / 997.f - 0.5f; };
-  Parsed p{m};
-  ModelConfig c;
-  ENCORE_OK(model_config_from_gguf(p.file, &c));
+  const Parsed p{m};
+  ENCORE_OK(p.configured);
+  const ModelConfig& c = p.config;
   BufferOptions o;
   o.max_batch = 2, o.max_slots = 2, o.max_pages = 4, o.max_pages_per_seq = 2;
   std::unique_ptr<Pipeline> pipe;
@@ -396,12 +396,8 @@ TEST(GgufModelGpu, LoadsEveryWeightIntoThePipeline) {
 // save_gguf writes what the reader, the config and the plan read back: every weight byte for byte
 // (A_log through -exp and log, to within an ulp or two).
 TEST(GgufModel, SavedFilesLoadBackToTheSameWeights) {
-  ModelConfig c;
+  ModelConfig c = ModelConfig::tiny_kimi_linear();
   c.name = "roundtrip";
-  c.hidden = 256, c.vocab = 512, c.dense_width = 512;
-  c.kda.heads = c.mla.heads = 8;
-  c.moe.experts = 16, c.moe.top_k = 4, c.moe.expert_width = 256;
-  ENCORE_OK(ModelConfig::layers_from_lists(4, {1, 2, 4}, {3}, 1, c));
   TensorArena weights;
   ENCORE_OK(build_weight_layout(c, weights));
   std::mt19937_64 rng(test::fresh_seed());

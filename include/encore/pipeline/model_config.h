@@ -67,6 +67,9 @@ struct ModelConfig {
   // docs/model.md §6: production head dims, everything else shrunk; `rope` gives the DeepSeek-style
   // variant (RoPE + YaRN, q LoRA 256).
   static ModelConfig tiny(bool rope = false);
+  // A tiny model a kimi-linear GGUF file can describe (one head count for KDA and MLA, no group
+  // stage): 4 layers (dense KDA, MoE KDA, MoE MLA, MoE KDA), hidden 256, 8 heads, 16 experts.
+  static ModelConfig tiny_kimi_linear();
 
   // The layer kinds from a checkpoint's 1-based `kda_layers` / `full_attn_layers` lists and its
   // `first_k_dense_replace`; every layer must be in exactly one list.
