@@ -1,0 +1,3 @@
+list(APPEND ENCORE_SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/sample.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sample_ref.cpp)
