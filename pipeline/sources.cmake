@@ -11,8 +11,10 @@ list(APPEND ENCORE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/stage_run.cpp
   ${CMAKE_CURRENT_LIST_DIR}/step_kernels.cu
   ${CMAKE_CURRENT_LIST_DIR}/pipeline.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/generator.cpp
   ${CMAKE_CURRENT_LIST_DIR}/pipeline_ref.cpp
   ${CMAKE_CURRENT_LIST_DIR}/random_weights.cu
+  ${CMAKE_CURRENT_LIST_DIR}/random_weights_host.cpp
   ${CMAKE_CURRENT_LIST_DIR}/megakernel/kernel.cu
   ${CMAKE_CURRENT_LIST_DIR}/megakernel/lower.cu
   ${CMAKE_CURRENT_LIST_DIR}/megakernel/megakernel.cu)

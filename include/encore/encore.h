@@ -8,8 +8,10 @@
 #include <encore/ops/mla.h>
 #include <encore/ops/moe.h>
 #include <encore/ops/q4k_gemv.h>
+#include <encore/ops/sample.h>
 #include <encore/pipeline/buffer_layout.h>
 #include <encore/pipeline/decode_step.h>
+#include <encore/pipeline/generator.h>
 #include <encore/pipeline/gguf_model.h>
 #include <encore/pipeline/megakernel.h>
 #include <encore/pipeline/model_config.h>
@@ -25,4 +27,5 @@
 #include <encore/ref/moe.h>
 #include <encore/ref/pipeline.h>
 #include <encore/ref/q4k_gemv.h>
+#include <encore/ref/sample.h>
 #include <encore/status.h>

@@ -103,6 +103,7 @@ Status Megakernel::build(Pipeline& pipeline, Megakernel& out, const MegakernelOp
   mk.schedule_offset_ = layout.schedule;
   mk.timeout_ns_ = std::uint64_t(options.wait_timeout_ms) * 1000000ull;
   mk.stress_seed_ = options.stress ? (options.stress_seed ? options.stress_seed : 1u) : 0u;
+  mk.copies_inputs_ = options.copy_staged_inputs;
   for (int i = 0; i < count; ++i) {
     const Instruction& ins = program.instructions[i];
     MegakernelInstruction info{program.info[i].name, program.info[i].stage, ins.h.tiles, program.info[i].smem, {}, {}};
@@ -137,6 +138,7 @@ Status Megakernel::launch(cudaStream_t stream) const {
 
 Status Megakernel::run(cudaStream_t stream) const {
   ENCORE_REQUIRE(device_ && pipeline_, StatusCode::kInvalidArgument, "Megakernel::run: nothing built");
+  if (!copies_inputs_) return launch(stream);
   ENCORE_REQUIRE(pipeline_->staged_rows() <= batch_, StatusCode::kOutOfRange, "Megakernel::run: the staged step has ",
                  pipeline_->staged_rows(), " rows; the program was built for batch ", batch_, " (build again after set_batch)");
   ENCORE_RETURN_IF_ERROR(pipeline_->enqueue_inputs(stream));

@@ -49,9 +49,10 @@ class DecodeGraph final : public pipeline::DecodeStep {
   // One decode step: the staged inputs' copy and every stage. kOutOfRange, with nothing launched,
   // when the staged step has more rows than the batch the graph was captured at.
   Status replay(cudaStream_t stream) const;
-  int batch() const { return batch_; }
+  int batch() const override { return batch_; }
   Status run(cudaStream_t stream) const override { return replay(stream); }
   const char* path() const override { return "graph"; }
+  bool copies_staged_inputs() const override { return copies_inputs_; }
   // The captured graph (owned by this object): nodes and their count for inspection.
   cudaGraph_t graph() const { return graph_; }
   std::size_t num_nodes() const;

@@ -16,10 +16,17 @@ namespace encore::pipeline {
 class DecodeStep {
  public:
   virtual ~DecodeStep() = default;
-  // One decode step on `stream`: the staged inputs' copy, then the step. Asynchronous; capturable.
+  // One decode step on `stream`: the staged inputs' copy (when built with it), then the step.
+  // Asynchronous; capturable.
   virtual Status run(cudaStream_t stream) const = 0;
   // "graph" or "megakernel".
   virtual const char* path() const = 0;
+  // Whether run() starts with the staged inputs' copy. Built without it (copy_staged_inputs =
+  // false), the step reads the inputs already in the pipeline's buffers, as a device-side sampler
+  // leaves them (pipeline::Generator).
+  virtual bool copies_staged_inputs() const = 0;
+  // The batch the step was built for (rows beyond the staged ones are pad rows).
+  virtual int batch() const = 0;
 };
 
 }  // namespace encore::pipeline

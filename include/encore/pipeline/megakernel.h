@@ -27,6 +27,9 @@
 namespace encore::pipeline {
 
 struct MegakernelOptions {
+  // true: run() starts with the copy of Pipeline::set_step's pinned staging buffer. false: run()
+  // is the launch alone, for callers that write the step inputs into device memory themselves.
+  bool copy_staged_inputs = true;
   // Every wait on a producer is bounded: one that lasts longer records which wait it was
   // (instruction, tile, producer, counts) and ends the launch early; read_status() reports it as
   // an error. A correct program never waits long; 0 waits forever.
@@ -74,10 +77,11 @@ class Megakernel final : public DecodeStep {
   static Status build(Pipeline& pipeline, Megakernel& out, const MegakernelOptions& options = {});
 
   bool valid() const { return device_ != nullptr; }
-  // The staged inputs' copy + the launch; kOutOfRange, with nothing launched, when the staged step
-  // has more rows than the batch the program was built for.
+  // The staged inputs' copy (options.copy_staged_inputs) + the launch; kOutOfRange, with nothing
+  // launched, when the staged step has more rows than the batch the program was built for.
   Status run(cudaStream_t stream) const override;
   const char* path() const override { return "megakernel"; }
+  bool copies_staged_inputs() const override { return copies_inputs_; }
   // The launch alone (the caller wrote the step inputs into the pipeline's buffers itself).
   Status launch(cudaStream_t stream) const;
   // Synchronises `stream`; a wait that timed out is reported (then the counters are reset so the
@@ -87,7 +91,7 @@ class Megakernel final : public DecodeStep {
   // The last launch's timeline (options.trace): one entry per instruction. Synchronises `stream`.
   Status trace(cudaStream_t stream, std::vector<MegakernelInstructionTime>& out) const;
 
-  int batch() const { return batch_; }
+  int batch() const override { return batch_; }
   int grid() const { return grid_; }
   std::size_t smem_bytes() const { return smem_; }
   int token_tier() const { return tokens_; }
@@ -106,6 +110,7 @@ class Megakernel final : public DecodeStep {
   std::size_t counters_offset_ = 0, counters_bytes_ = 0, report_offset_ = 0, trace_offset_ = 0, schedule_offset_ = 0;
   std::uint64_t timeout_ns_ = 0;
   std::uint32_t stress_seed_ = 0;
+  bool copies_inputs_ = true;
   std::vector<MegakernelInstruction> program_;
 };
 
