@@ -7,74 +7,22 @@
 // them, instead of exact ones. routing=FILE: the MoE layers take llama.cpp's routing of each step
 // (llama_logits' dump) instead of their own, so a near-tie decided the other way does not move
 // the comparison.
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include <cuda_bf16.h>
-
 #include <encore/pipeline/gguf_model.h>
+#include <encore/pipeline/random_weights.h>
 #include <encore/pipeline/weight_layout.h>
-#include <encore/q4k.h>
 #include <encore/ref/pipeline.h>
 
 #include "agree/agree_tokens.h"
 
 using namespace encore;
 using namespace encore::pipeline;
-
-namespace {
-
-bool ends_with(const std::string& s, const char* suffix) {
-  const std::string t(suffix);
-  return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
-}
-
-// The distributions fill_random_weights draws from (random Q4_K codes and scales with
-// d = 1 / (256 sqrt(K)); small tensors by their role), drawn on the host.
-void fill(const TensorArena& layout, std::vector<unsigned char>& host, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> unit(0.f, 1.f);
-  for (const TensorInfo& t : layout.tensors()) {
-    unsigned char* p = host.data() + t.offset;
-    const std::int64_t k = t.dims.back();
-    if (t.dtype == DType::kQ4K) {
-      for (std::int64_t i = 0; i < t.bytes; ++i) p[i] = static_cast<unsigned char>(rng());
-      const float d = 1.f / (256.f * std::sqrt(float(k)));
-      const std::uint16_t dh = q4k::float_to_half(d), mh = q4k::float_to_half(7.5f * d);
-      for (std::int64_t b = 0; b < t.bytes / q4k::kBlockBytes; ++b) {
-        std::memcpy(p + b * q4k::kBlockBytes, &dh, 2);
-        std::memcpy(p + b * q4k::kBlockBytes + 2, &mh, 2);
-      }
-      continue;
-    }
-    const bool bf16 = t.dtype == DType::kBf16;
-    for (std::int64_t i = 0; i < t.bytes / (bf16 ? 2 : 4); ++i) {
-      const float x = unit(rng), s = 2.f * x - 1.f;
-      float v = std::sqrt(3.f / float(k)) * s;
-      if (ends_with(t.name, "norm.weight")) v = 1.f + 0.17f * s;
-      else if (t.name.find("ssm_conv1d") != std::string::npos) v = 0.87f * s;
-      else if (ends_with(t.name, "ssm_a_log")) v = std::log(1.f + 15.f * x);
-      else if (ends_with(t.name, "ssm_dt.bias")) v = std::log(std::expm1(std::exp(std::log(1e-3f) + x * (std::log(1e-1f) - std::log(1e-3f)))));
-      else if (ends_with(t.name, "exp_probs_b.bias")) v = 0.5f * s;
-      else if (t.name == "token_embd.weight") v = 1.73f * s;
-      if (bf16) {
-        const __nv_bfloat16 b = __float2bfloat16_rn(v);
-        std::memcpy(p + 2 * i, &b, 2);
-      } else {
-        std::memcpy(p + 4 * i, &v, 4);
-      }
-    }
-  }
-}
-
-}  // namespace
 
 // llama_logits' routing dump: (step, layer) -> (ids, weights).
 using Routing = std::map<std::pair<int, int>, std::pair<std::vector<int>, std::vector<float>>>;
@@ -113,7 +61,7 @@ int main(int argc, char** argv) {
   TensorArena layout;
   throw_if_error(build_weight_layout(c, layout));
   std::vector<unsigned char> weights(std::size_t(layout.total_bytes()));
-  fill(layout, weights, seed);
+  fill_random_weights_host(layout, weights.data(), seed);
   throw_if_error(save_gguf(argv[1], c, layout, weights.data()));
 
   BufferOptions o;

@@ -1,5 +1,5 @@
 // Synthetic weights for tests and benchmarks (docs/model.md §6 distributions), generated
-// on the device from a seed: every tensor of a weight layout, so a whole Kimi-Linear-sized model
+// on the device from a seed (or on the host, fill_random_weights_host): every tensor of a weight layout, so a whole Kimi-Linear-sized model
 // (~28 GB) fills in milliseconds and two fills with one seed are bit-identical.
 //   Q4_K            random codes and 6-bit scales / mins; d = 1 / (256 sqrt(K)), dmin = 7.5 d, so
 //                   weights are ~zero-mean with a spread ~1 / sqrt(K)
@@ -23,5 +23,9 @@ namespace encore::pipeline {
 
 // Fills every tensor of `layout` at device base `base` (16-byte aligned); asynchronous on `stream`.
 Status fill_random_weights(const TensorArena& layout, void* base, std::uint64_t seed, cudaStream_t stream);
+
+// The same distributions drawn on the host into `host_base` (layout.total_bytes() bytes), e.g. for
+// a model file written with save_gguf (the values differ from the device fill's).
+void fill_random_weights_host(const TensorArena& layout, void* host_base, std::uint64_t seed);
 
 }  // namespace encore::pipeline
