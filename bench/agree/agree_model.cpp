@@ -2,11 +2,14 @@
 // encore's fp64 reference logits for a token sequence run one token per step. bench/agree/run.sh
 // runs llama.cpp on the same file and compares (docs/gguf.md §6).
 //
-//   encore_agree_model OUT.gguf LOGITS.bin STEPS SEED [int8] [routing=FILE]
+//   encore_agree_model OUT.gguf LOGITS.bin STEPS SEED [int8] [routing=FILE] [layers=SPEC]
 // int8: the reference with the kernels' int8 activations in the Q4_K products, as the device runs
 // them, instead of exact ones. routing=FILE: the MoE layers take llama.cpp's routing of each step
 // (llama_logits' dump) instead of their own, so a near-tie decided the other way does not move
-// the comparison.
+// the comparison. layers=SPEC: the Kimi-Linear preset at full width (hidden 2304, 32 heads, 256
+// experts, vocab 163840) with the layers SPEC lists, one letter pair each (K / M: KDA / MLA
+// attention, d / e: dense / MoE MLP; e.g. KdKeKeMe is the preset's first four), instead of the
+// tiny model.
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -23,6 +26,14 @@
 
 using namespace encore;
 using namespace encore::pipeline;
+
+// Letter pairs: K or M, then d or e.
+bool valid_layer_spec(const std::string& s) {
+  if (s.empty() || s.size() % 2) return false;
+  for (std::size_t i = 0; i < s.size(); i += 2)
+    if ((s[i] != 'K' && s[i] != 'M') || (s[i + 1] != 'd' && s[i + 1] != 'e')) return false;
+  return true;
+}
 
 // llama_logits' routing dump: (step, layer) -> (ids, weights).
 using Routing = std::map<std::pair<int, int>, std::pair<std::vector<int>, std::vector<float>>>;
@@ -44,20 +55,31 @@ bool read_routing(const char* path, Routing& out) {
 
 int main(int argc, char** argv) {
   bool int8 = false, bad = argc < 5;
+  std::string full_width_layers;
   Routing routing;
   for (int a = 5; a < argc; ++a) {
     const std::string arg = argv[a];
     if (arg == "int8") int8 = true;
     else if (arg.rfind("routing=", 0) == 0) bad |= !read_routing(arg.c_str() + 8, routing);
+    else if (arg.rfind("layers=", 0) == 0) full_width_layers = arg.substr(7), bad |= !valid_layer_spec(full_width_layers);
     else bad = true;
   }
   if (bad) {
-    std::fprintf(stderr, "usage: encore_agree_model OUT.gguf LOGITS.bin STEPS SEED [int8] [routing=FILE]\n");
+    std::fprintf(stderr, "usage: encore_agree_model OUT.gguf LOGITS.bin STEPS SEED [int8] [routing=FILE] [layers=SPEC]\n");
     return 2;
   }
   const int steps = std::atoi(argv[3]);
   const std::uint64_t seed = std::strtoull(argv[4], nullptr, 0);
-  const ModelConfig c = ModelConfig::tiny_kimi_linear();
+  ModelConfig c = ModelConfig::tiny_kimi_linear();
+  if (!full_width_layers.empty()) {
+    c = ModelConfig::kimi_linear_48b();
+    c.attention.clear(), c.mlp.clear();
+    for (std::size_t i = 0; i < full_width_layers.size(); i += 2) {
+      c.attention.push_back(full_width_layers[i] == 'K' ? Attention::kKda : Attention::kMla);
+      c.mlp.push_back(full_width_layers[i + 1] == 'd' ? Mlp::kDense : Mlp::kMoe);
+    }
+    c.name += "-" + full_width_layers;
+  }
   TensorArena layout;
   throw_if_error(build_weight_layout(c, layout));
   std::vector<unsigned char> weights(std::size_t(layout.total_bytes()));

@@ -1,9 +1,10 @@
 // llama.cpp's side of the agreement run (built by bench/agree/run.sh against a llama.cpp checkout
 // in peers/, never part of encore's build): the model on the CPU, one token per step, logits out.
 //
-//   llama_logits MODEL.gguf LOGITS.bin STEPS SEED [ROUTING.bin]
-// ROUTING.bin: llama.cpp's routing of every step and MoE layer (int32 step, layer, k, then k
-// int32 expert ids and k float weights), for encore's reference to replay.
+//   llama_logits MODEL.gguf LOGITS.bin STEPS SEED [routing=FILE] [kv=f32]
+// routing=FILE: llama.cpp's routing of every step and MoE layer (int32 step, layer, k, then k
+// int32 expert ids and k float weights), for encore's reference to replay. kv=f32: the attention
+// cache in fp32 instead of llama.cpp's default f16 (with widen.py's F32 weights, everything fp32).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -41,8 +42,16 @@ bool on_tensor(ggml_tensor* t, bool ask, void* user) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5 && argc != 6) {
-    std::fprintf(stderr, "usage: llama_logits MODEL.gguf LOGITS.bin STEPS SEED [ROUTING.bin]\n");
+  const char* routing = nullptr;
+  bool f32_cache = false, bad = argc < 5;
+  for (int a = 5; a < argc; ++a) {
+    const std::string arg = argv[a];
+    if (arg.rfind("routing=", 0) == 0) routing = argv[a] + 8;
+    else if (arg == "kv=f32") f32_cache = true;
+    else bad = true;
+  }
+  if (bad) {
+    std::fprintf(stderr, "usage: llama_logits MODEL.gguf LOGITS.bin STEPS SEED [routing=FILE] [kv=f32]\n");
     return 2;
   }
   const int steps = std::atoi(argv[3]);
@@ -54,9 +63,10 @@ int main(int argc, char** argv) {
   if (!model) return 1;
   llama_context_params cp = llama_context_default_params();
   cp.n_ctx = 256, cp.n_batch = 1, cp.n_ubatch = 1, cp.n_seq_max = 1, cp.n_threads = 2, cp.n_threads_batch = 2;
+  if (f32_cache) cp.type_k = GGML_TYPE_F32, cp.type_v = GGML_TYPE_F32;
   RoutingDump dump;
-  if (argc == 6) {
-    dump.out = std::fopen(argv[5], "wb");
+  if (routing) {
+    dump.out = std::fopen(routing, "wb");
     cp.cb_eval = on_tensor, cp.cb_eval_user_data = &dump;
   }
   llama_context* ctx = llama_init_from_model(model, cp);

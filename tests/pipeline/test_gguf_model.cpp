@@ -393,8 +393,42 @@ TEST(GgufModelGpu, LoadsEveryWeightIntoThePipeline) {
   CUDA_OK(cudaStreamDestroy(stream));
 }
 
-// save_gguf writes what the reader, the config and the plan read back: every weight byte for byte
+// Every weight `path` gives encore (config, plan, host conversion) equals `host`'s, byte for byte
 // (A_log through -exp and log, to within an ulp or two).
+void expect_loads_to(const std::string& path, const ModelConfig& c, const TensorArena& weights, const std::vector<unsigned char>& host) {
+  SCOPED_TRACE(path);
+  gguf::File file;
+  ENCORE_OK(gguf::File::open(path, file));
+  ModelConfig read;
+  ENCORE_OK(model_config_from_gguf(file, &read));
+  EXPECT_EQ(read.attention, c.attention);
+  EXPECT_EQ(read.mlp, c.mlp);
+  TensorArena again;
+  ENCORE_OK(build_weight_layout(read, again));
+  ASSERT_EQ(again.total_bytes(), weights.total_bytes());
+  std::vector<TensorSource> plan;
+  ENCORE_OK(plan_gguf_weights(file, read, again, &plan));
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    const TensorInfo& w = again.tensors()[i];
+    std::vector<unsigned char> got(std::size_t(w.bytes));
+    ENCORE_OK(convert_weight(plan[i], w, got.data()));
+    const unsigned char* want = host.data() + w.offset;
+    if (plan[i].conversion == TensorConversion::kLogNegA) {
+      for (std::int64_t j = 0; j < w.bytes / 4; ++j) {
+        float a, b;
+        std::memcpy(&a, got.data() + 4 * j, 4);
+        std::memcpy(&b, want + 4 * j, 4);
+        EXPECT_NEAR(a, b, 4e-7f) << w.name << "[" << j << "]";
+      }
+    } else {
+      ASSERT_EQ(std::memcmp(got.data(), want, got.size()), 0) << w.name << " (" << to_string(plan[i].conversion) << ")";
+    }
+  }
+}
+
+// save_gguf writes what the reader, the config and the plan read back: every weight byte for byte
+// (A_log through -exp and log, to within an ulp or two). gguf-py reads it too, and a copy that
+// gguf-py's own writer makes (BF16 widened to F32) loads to the same weights.
 TEST(GgufModel, SavedFilesLoadBackToTheSameWeights) {
   ModelConfig c = ModelConfig::tiny_kimi_linear();
   c.name = "roundtrip";
@@ -431,39 +465,17 @@ TEST(GgufModel, SavedFilesLoadBackToTheSameWeights) {
   ModelConfig read;
   ENCORE_OK(model_config_from_gguf(file, &read));
   EXPECT_EQ(read.name, "roundtrip");
-  EXPECT_EQ(read.attention, c.attention);
-  EXPECT_EQ(read.mlp, c.mlp);
   EXPECT_EQ(read.hidden, c.hidden);
   EXPECT_EQ(read.vocab, c.vocab);
   EXPECT_EQ(read.kda.gate_rank, c.kda.gate_rank);
   EXPECT_EQ(read.moe.shared_experts, c.moe.shared_experts);
   EXPECT_EQ(read.moe.routed_scale, c.moe.routed_scale);
-  TensorArena again;
-  ENCORE_OK(build_weight_layout(read, again));
-  ASSERT_EQ(again.total_bytes(), weights.total_bytes());
-  std::vector<TensorSource> plan;
-  ENCORE_OK(plan_gguf_weights(file, read, again, &plan));
   EXPECT_EQ(file.tensor("blk.2.attn_k_b.weight")->dims, (std::vector<std::int64_t>{128, 512, 8}));
   EXPECT_EQ(file.tensor("blk.1.ssm_conv1d_k.weight")->dims, (std::vector<std::int64_t>{4, 1, 1024}));
   EXPECT_EQ(file.tensor("blk.1.ssm_a")->dims, (std::vector<std::int64_t>{1, 8}));
   EXPECT_EQ(file.tensor("blk.1.ffn_down_shexp.weight")->dims, (std::vector<std::int64_t>{256, 256}));
   EXPECT_EQ(file.tensor("blk.1.ffn_gate_inp.weight")->type, gguf::TensorType::kF32);
-  for (std::size_t i = 0; i < plan.size(); ++i) {
-    const TensorInfo& w = again.tensors()[i];
-    std::vector<unsigned char> got(std::size_t(w.bytes));
-    ENCORE_OK(convert_weight(plan[i], w, got.data()));
-    const unsigned char* want = host.data() + w.offset;
-    if (plan[i].conversion == TensorConversion::kLogNegA) {
-      for (std::int64_t j = 0; j < w.bytes / 4; ++j) {
-        float a, b;
-        std::memcpy(&a, got.data() + 4 * j, 4);
-        std::memcpy(&b, want + 4 * j, 4);
-        EXPECT_NEAR(a, b, 4e-7f) << w.name << "[" << j << "]";
-      }
-    } else {
-      ASSERT_EQ(std::memcmp(got.data(), want, got.size()), 0) << w.name << " (" << to_string(plan[i].conversion) << ")";
-    }
-  }
+  expect_loads_to(path, c, weights, host);
   // gguf-py (llama.cpp's Python reader) reads the file too, with the same tensors.
   if (std::system("python3 -c 'import gguf' >/dev/null 2>&1") == 0) {
     const std::string check = "python3 -c \"import gguf, sys; r = gguf.GGUFReader('" + path + "'); "
@@ -471,6 +483,17 @@ TEST(GgufModel, SavedFilesLoadBackToTheSameWeights) {
                               "sys.exit(0 if len(r.tensors) == " + std::to_string(file.tensors().size()) +
                               " and bytes(f.parts[f.data[0]]) == b'kimi-linear' else 1)\"";
     EXPECT_EQ(std::system(check.c_str()), 0) << check;
+    const std::string copy = ::testing::TempDir() + "encore_roundtrip_gguf_py.gguf";
+    const std::string script = std::string(__FILE__).substr(0, std::string(__FILE__).rfind('/')) + "/gguf_py_rewrite.py";
+    const std::string rewrite = "python3 " + script + " " + path + " " + copy;
+    ASSERT_EQ(std::system(rewrite.c_str()), 0) << rewrite;
+    gguf::File rewritten;
+    ENCORE_OK(gguf::File::open(copy, rewritten));
+    EXPECT_EQ(rewritten.tensor("token_embd.weight")->type, gguf::TensorType::kF32);  // was BF16
+    expect_loads_to(copy, c, weights, host);
+    std::remove(copy.c_str());
+  } else {
+    std::printf("gguf-py not importable (pip install gguf): its reader and writer not cross-checked\n");
   }
   std::remove(path.c_str());
 }
