@@ -8,8 +8,8 @@
 // (llama_logits' dump) instead of their own, so a near-tie decided the other way does not move
 // the comparison. layers=SPEC: the Kimi-Linear preset at full width (hidden 2304, 32 heads, 256
 // experts, vocab 163840) with the layers SPEC lists, one letter pair each (K / M: KDA / MLA
-// attention, d / e: dense / MoE MLP; e.g. KdKeKeMe is the preset's first four), instead of the
-// tiny model.
+// attention, d / e: dense / MoE MLP; e.g. KdKeKeMe is the preset's first four; `all`: the whole
+// preset, 28 GB), instead of the tiny model.
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -29,6 +29,7 @@ using namespace encore::pipeline;
 
 // Letter pairs: K or M, then d or e.
 bool valid_layer_spec(const std::string& s) {
+  if (s == "all") return true;
   if (s.empty() || s.size() % 2) return false;
   for (std::size_t i = 0; i < s.size(); i += 2)
     if ((s[i] != 'K' && s[i] != 'M') || (s[i + 1] != 'd' && s[i + 1] != 'e')) return false;
@@ -71,8 +72,8 @@ int main(int argc, char** argv) {
   const int steps = std::atoi(argv[3]);
   const std::uint64_t seed = std::strtoull(argv[4], nullptr, 0);
   ModelConfig c = ModelConfig::tiny_kimi_linear();
-  if (!full_width_layers.empty()) {
-    c = ModelConfig::kimi_linear_48b();
+  if (!full_width_layers.empty()) c = ModelConfig::kimi_linear_48b();
+  if (!full_width_layers.empty() && full_width_layers != "all") {
     c.attention.clear(), c.mlp.clear();
     for (std::size_t i = 0; i < full_width_layers.size(); i += 2) {
       c.attention.push_back(full_width_layers[i] == 'K' ? Attention::kKda : Attention::kMla);
