@@ -390,7 +390,11 @@ Status load_gguf_weights(const std::vector<TensorSource>& plan, const TensorAren
     }
     if (!pending.empty()) ENCORE_RETURN_IF_ERROR(flush());
     ENCORE_CUDA_TRY(cudaStreamSynchronize(stream));
-    if (progress) std::fprintf(stderr, "\n");
+    if (progress) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::fprintf(stderr, "\rloaded %.2f GB of weights in %.1f s (%.2f GB/s)                    \n", total * 1e-9, s,
+                   s > 0 ? total * 1e-9 / s : 0.0);
+    }
     return {};
   };
   status = run();

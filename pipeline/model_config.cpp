@@ -26,6 +26,22 @@ ModelConfig ModelConfig::kimi_linear_48b() {
   return c;
 }
 
+Status ModelConfig::layers_from_spec(std::string_view spec, ModelConfig& config) {
+  ENCORE_REQUIRE(!spec.empty() && spec.size() % 2 == 0, StatusCode::kInvalidArgument, "layers_from_spec: \"", spec,
+                 "\" is not a sequence of letter pairs (K or M, then d or e)");
+  std::vector<Attention> attention;
+  std::vector<Mlp> mlp;
+  for (std::size_t i = 0; i < spec.size(); i += 2) {
+    const char a = spec[i], m = spec[i + 1];
+    ENCORE_REQUIRE((a == 'K' || a == 'M') && (m == 'd' || m == 'e'), StatusCode::kInvalidArgument, "layers_from_spec: layer ",
+                   i / 2, " is \"", spec.substr(i, 2), "\" (want K or M, then d or e)");
+    attention.push_back(a == 'K' ? Attention::kKda : Attention::kMla);
+    mlp.push_back(m == 'd' ? Mlp::kDense : Mlp::kMoe);
+  }
+  config.attention = std::move(attention), config.mlp = std::move(mlp);
+  return {};
+}
+
 ModelConfig ModelConfig::tiny(bool rope) {
   ModelConfig c;
   c.name = rope ? "tiny-rope" : "tiny";

@@ -27,15 +27,6 @@
 using namespace encore;
 using namespace encore::pipeline;
 
-// Letter pairs: K or M, then d or e.
-bool valid_layer_spec(const std::string& s) {
-  if (s == "all") return true;
-  if (s.empty() || s.size() % 2) return false;
-  for (std::size_t i = 0; i < s.size(); i += 2)
-    if ((s[i] != 'K' && s[i] != 'M') || (s[i + 1] != 'd' && s[i + 1] != 'e')) return false;
-  return true;
-}
-
 // llama_logits' routing dump: (step, layer) -> (ids, weights).
 using Routing = std::map<std::pair<int, int>, std::pair<std::vector<int>, std::vector<float>>>;
 bool read_routing(const char* path, Routing& out) {
@@ -62,7 +53,7 @@ int main(int argc, char** argv) {
     const std::string arg = argv[a];
     if (arg == "int8") int8 = true;
     else if (arg.rfind("routing=", 0) == 0) bad |= !read_routing(arg.c_str() + 8, routing);
-    else if (arg.rfind("layers=", 0) == 0) full_width_layers = arg.substr(7), bad |= !valid_layer_spec(full_width_layers);
+    else if (arg.rfind("layers=", 0) == 0) full_width_layers = arg.substr(7);
     else bad = true;
   }
   if (bad) {
@@ -72,14 +63,12 @@ int main(int argc, char** argv) {
   const int steps = std::atoi(argv[3]);
   const std::uint64_t seed = std::strtoull(argv[4], nullptr, 0);
   ModelConfig c = ModelConfig::tiny_kimi_linear();
-  if (!full_width_layers.empty()) c = ModelConfig::kimi_linear_48b();
-  if (!full_width_layers.empty() && full_width_layers != "all") {
-    c.attention.clear(), c.mlp.clear();
-    for (std::size_t i = 0; i < full_width_layers.size(); i += 2) {
-      c.attention.push_back(full_width_layers[i] == 'K' ? Attention::kKda : Attention::kMla);
-      c.mlp.push_back(full_width_layers[i + 1] == 'd' ? Mlp::kDense : Mlp::kMoe);
+  if (!full_width_layers.empty()) {
+    c = ModelConfig::kimi_linear_48b();
+    if (full_width_layers != "all") {
+      throw_if_error(ModelConfig::layers_from_spec(full_width_layers, c));
+      c.name += "-" + full_width_layers;
     }
-    c.name += "-" + full_width_layers;
   }
   TensorArena layout;
   throw_if_error(build_weight_layout(c, layout));
@@ -110,6 +99,8 @@ int main(int argc, char** argv) {
     std::fwrite(row.data(), sizeof(float), row.size(), out);
   }
   std::fclose(out);
-  std::printf("encore_agree_model: %s, %d steps of fp64-reference logits (vocab %d)\n", argv[1], steps, c.vocab);
+  std::printf("encore_agree_model: %s, %d steps of fp64-reference logits (vocab %d)\nprompt-ids ", argv[1], steps, c.vocab);
+  for (int t = 0; t < steps; ++t) std::printf("%s%d", t ? "," : "", agree::token(seed, t, c.vocab));  // for encore generate
+  std::printf("\n");
   return 0;
 }

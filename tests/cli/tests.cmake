@@ -1,11 +1,11 @@
 # The encore command (pipeline/cli/): arguments, `info` on a tiny kimi-linear file, and `generate`
 # (which needs a GPU; without one it must say so and fail).
 if(TARGET encore_cli)
-  add_executable(encore_write_tiny_gguf ${CMAKE_CURRENT_LIST_DIR}/write_tiny_gguf.cpp)
-  target_link_libraries(encore_write_tiny_gguf PRIVATE encore CUDA::cudart)
+  add_executable(encore_write_gguf ${CMAKE_CURRENT_LIST_DIR}/write_gguf.cpp)
+  target_link_libraries(encore_write_gguf PRIVATE encore CUDA::cudart)
   set(tiny ${CMAKE_CURRENT_BINARY_DIR}/cli_tiny.gguf)
   set(encore_bin $<TARGET_FILE:encore_cli>)
-  add_test(NAME cli.write_tiny_gguf COMMAND encore_write_tiny_gguf ${tiny} 7)
+  add_test(NAME cli.write_tiny_gguf COMMAND encore_write_gguf ${tiny} tiny 7)
   set_tests_properties(cli.write_tiny_gguf PROPERTIES FIXTURES_SETUP cli_tiny)
 
   add_test(NAME cli.help COMMAND ${encore_bin} --help)

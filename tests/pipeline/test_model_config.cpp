@@ -45,6 +45,26 @@ TEST(ModelConfig, LayerListsAreChecked) {
   EXPECT_TRUE(ModelConfig::layers_from_lists(4, {1, 2, 3}, {4}, 0, c).ok());
 }
 
+TEST(ModelConfig, LayerSpecsGiveFullWidthModelsOfAFewLayers) {
+  ModelConfig c = ModelConfig::kimi_linear_48b();
+  const ModelConfig full = c;
+  ASSERT_TRUE(ModelConfig::layers_from_spec("KdKeMe", c).ok());
+  EXPECT_EQ(c.attention, (std::vector<Attention>{Attention::kKda, Attention::kKda, Attention::kMla}));
+  EXPECT_EQ(c.mlp, (std::vector<Mlp>{Mlp::kDense, Mlp::kMoe, Mlp::kMoe}));
+  EXPECT_EQ(c.hidden, full.hidden);
+  EXPECT_TRUE(c.validate().ok()) << c.validate().to_string();
+  // The preset's first four layers, spelled out.
+  ASSERT_TRUE(ModelConfig::layers_from_spec("KdKeKeMe", c).ok());
+  EXPECT_EQ(c.attention, std::vector<Attention>(full.attention.begin(), full.attention.begin() + 4));
+  EXPECT_EQ(c.mlp, std::vector<Mlp>(full.mlp.begin(), full.mlp.begin() + 4));
+  for (const char* bad : {"", "K", "Kx", "kd", "KdMeX", "Ed"}) {
+    ModelConfig unchanged = full;
+    const Status s = ModelConfig::layers_from_spec(bad, unchanged);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(unchanged.attention, full.attention) << bad;  // nothing written on error
+  }
+}
+
 TEST(ModelConfig, ValidationRejectsWhatTheKernelsCannotRun) {
   auto broken = [](auto&& edit) {
     ModelConfig c = ModelConfig::kimi_linear_48b();

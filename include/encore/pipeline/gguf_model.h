@@ -48,7 +48,8 @@ Status convert_weight(const TensorSource& source, const TensorInfo& w, void* out
 
 // Every weight of the plan into the arena at `device_base` (a Pipeline's weights()), through
 // pinned staging buffers in chunks, converting on the host while the previous chunk uploads. With
-// `progress` a line on stderr tracks GB done, GB/s and the time left. Synchronises `stream`.
+// `progress` a line on stderr tracks GB done, GB/s and the time left, and ends with the total time.
+// Synchronises `stream`.
 Status load_gguf_weights(const std::vector<TensorSource>& plan, const TensorArena& weights, void* device_base, cudaStream_t stream,
                          bool progress = true);
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <encore/status.h>
@@ -76,6 +77,11 @@ struct ModelConfig {
   static Status layers_from_lists(int layers, const std::vector<int>& kda_layers_1based,
                                   const std::vector<int>& full_attn_layers_1based, int first_dense_layers,
                                   ModelConfig& config);
+
+  // The layer kinds from letter pairs, one per layer: K or M (KDA / MLA attention), then d or e
+  // (dense / MoE MLP); e.g. "KdKeKeMe" is Kimi-Linear's first four layers. The dims are kept, so
+  // kimi_linear_48b() with a short spec is a full-width model of a few layers.
+  static Status layers_from_spec(std::string_view spec, ModelConfig& config);
 
   // Every Q4_K input dim a multiple of 256, routing consistent (k <= kept * E / groups), ...
   Status validate() const;
