@@ -24,7 +24,7 @@ namespace {
 
 using pipeline::Pipeline;
 
-constexpr int kMaxBatch = 16, kContext = 4096, kStepsPerIteration = 8;
+constexpr int kMaxBatch = 64, kContext = 4096, kStepsPerIteration = 8;
 
 // One Kimi-Linear pipeline for every decode benchmark (~28 GB of weights, filled once).
 struct DecodeSetup {
@@ -185,9 +185,9 @@ void BM_DecodeStages(benchmark::State& state) {
 
 BENCHMARK(BM_DecodeStages)->Name("decode/kimi_linear/stages")->Arg(1)->Arg(16)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
-BENCHMARK_CAPTURE(BM_Decode, kimi_linear_graph, Path::kGraph)->Name("decode/kimi_linear/graph")->Arg(1)->Arg(4)->Arg(16)
+BENCHMARK_CAPTURE(BM_Decode, kimi_linear_graph, Path::kGraph)->Name("decode/kimi_linear/graph")->Arg(1)->Arg(4)->Arg(16)->Arg(32)->Arg(64)
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_Decode, kimi_linear_megakernel, Path::kMegakernel)->Name("decode/kimi_linear/megakernel")->Arg(1)->Arg(4)->Arg(16)
+BENCHMARK_CAPTURE(BM_Decode, kimi_linear_megakernel, Path::kMegakernel)->Name("decode/kimi_linear/megakernel")->Arg(1)->Arg(4)->Arg(16)->Arg(32)->Arg(64)
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_Decode, kimi_linear_eager, Path::kEager)->Name("decode/kimi_linear/eager")->Arg(1)
     ->UseManualTime()->Unit(benchmark::kMicrosecond);

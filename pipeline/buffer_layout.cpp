@@ -12,10 +12,10 @@ namespace {
 std::int64_t round_up4(std::int64_t n) { return (n + 3) / 4 * 4; }
 
 Status add_mla_buffers(const ModelConfig& c, const BufferOptions& o, TensorArena& b) {
-  const std::int64_t B = o.max_batch, H = c.mla.heads, P = o.mla_num_parts;
-  ENCORE_RETURN_IF_ERROR(b.add("mla.proj", DType::kF32, {B, mla_proj_stride(c)}));
+  const std::int64_t B = o.max_batch, G = gemv_rows(o.max_batch), H = c.mla.heads, P = o.mla_num_parts;
+  ENCORE_RETURN_IF_ERROR(b.add("mla.proj", DType::kF32, {G, mla_proj_stride(c)}));
   if (c.mla.q_lora_rank > 0)
-    ENCORE_RETURN_IF_ERROR(b.add("mla.q", DType::kF32, {B, H * ops::kMlaQHeadDim}));
+    ENCORE_RETURN_IF_ERROR(b.add("mla.q", DType::kF32, {G, H * ops::kMlaQHeadDim}));
   ENCORE_RETURN_IF_ERROR(b.add("mla.q576", DType::kBf16, {B, H, ops::kMlaRowDim}));
   ENCORE_RETURN_IF_ERROR(b.add("mla.o_lat", DType::kF32, {B, H, ops::kMlaLatentDim}));
   ENCORE_RETURN_IF_ERROR(b.add("mla.lse", DType::kF32, {B, H}));
@@ -23,7 +23,7 @@ Status add_mla_buffers(const ModelConfig& c, const BufferOptions& o, TensorArena
   ENCORE_RETURN_IF_ERROR(b.add("mla.partial_lse", DType::kF32, {B + P, H}));
   ENCORE_RETURN_IF_ERROR(b.add("mla.part_plans", DType::kI32, {P, ops::kMlaPartPlanInts}));
   ENCORE_RETURN_IF_ERROR(b.add("mla.num_splits", DType::kI32, {B + 1}));
-  ENCORE_RETURN_IF_ERROR(b.add("mla.v_out", DType::kF32, {B, H * ops::kMlaVHeadDim}));
+  ENCORE_RETURN_IF_ERROR(b.add("mla.v_out", DType::kF32, {G, H * ops::kMlaVHeadDim}));
   return b.add("flags.mla", DType::kI32, {1});
 }
 
@@ -43,6 +43,10 @@ Status add_moe_buffers(const ModelConfig& c, const BufferOptions& o, TensorArena
 
 }  // namespace
 
+std::int64_t gemv_rows(int batch) {
+  return batch <= ops::kMaxGemvBatch ? batch : (std::int64_t(batch) + ops::kMaxGemvBatch - 1) / ops::kMaxGemvBatch * ops::kMaxGemvBatch;
+}
+
 std::int64_t kda_proj_stride(const ModelConfig& c) {
   const KdaConfig& k = c.kda;
   return round_up4(3LL * k.heads * k.head_dim + 2LL * k.gate_rank + k.heads);
@@ -57,8 +61,8 @@ std::int64_t mla_proj_stride(const ModelConfig& c) {
 }
 
 Status validate(const BufferOptions& o) {
-  ENCORE_REQUIRE(o.max_batch >= 1 && o.max_batch <= ops::kMaxGemvBatch, StatusCode::kOutOfRange,
-                 "buffers: max_batch must be in [1, ", ops::kMaxGemvBatch, "] (the Q4_K GEMV's limit; got ", o.max_batch, ")");
+  ENCORE_REQUIRE(o.max_batch >= 1 && o.max_batch <= kMaxPipelineBatch, StatusCode::kOutOfRange, "buffers: max_batch must be in [1, ",
+                 kMaxPipelineBatch, "] (the MoE op's limit; got ", o.max_batch, ")");
   ENCORE_REQUIRE(o.max_slots >= 1, StatusCode::kInvalidArgument, "buffers: max_slots must be >= 1");
   ENCORE_REQUIRE(o.max_pages >= 1 && o.max_pages_per_seq >= 1, StatusCode::kInvalidArgument,
                  "buffers: max_pages and max_pages_per_seq must be >= 1");
@@ -72,19 +76,19 @@ Status build_buffer_layout(const ModelConfig& c, const BufferOptions& o, TensorA
   ENCORE_RETURN_IF_ERROR(c.validate());
   ENCORE_RETURN_IF_ERROR(validate(o));
   b = TensorArena{};
-  const std::int64_t B = o.max_batch;
+  const std::int64_t B = o.max_batch, G = gemv_rows(o.max_batch);
   for (const char* name : {"step.token_ids", "step.positions", "step.seq_lens", "step.slot_ids"})
     ENCORE_RETURN_IF_ERROR(b.add(name, DType::kI32, {B}));
   ENCORE_RETURN_IF_ERROR(b.add("step.block_table", DType::kI32, {B, o.max_pages_per_seq}));
-  ENCORE_RETURN_IF_ERROR(b.add("x", DType::kF32, {B, c.hidden}));
+  ENCORE_RETURN_IF_ERROR(b.add("x", DType::kF32, {G, c.hidden}));
   if (c.count(Attention::kKda) > 0) {
-    ENCORE_RETURN_IF_ERROR(b.add("kda.proj", DType::kF32, {B, kda_proj_stride(c)}));
-    ENCORE_RETURN_IF_ERROR(b.add("kda.y", DType::kF32, {B, std::int64_t(c.kda.heads) * c.kda.head_dim}));
+    ENCORE_RETURN_IF_ERROR(b.add("kda.proj", DType::kF32, {G, kda_proj_stride(c)}));
+    ENCORE_RETURN_IF_ERROR(b.add("kda.y", DType::kF32, {G, std::int64_t(c.kda.heads) * c.kda.head_dim}));
   }
   if (c.count(Attention::kMla) > 0) ENCORE_RETURN_IF_ERROR(add_mla_buffers(c, o, b));
-  if (c.count(Mlp::kDense) > 0) ENCORE_RETURN_IF_ERROR(b.add("mlp.mid", DType::kF32, {B, c.dense_width}));
+  if (c.count(Mlp::kDense) > 0) ENCORE_RETURN_IF_ERROR(b.add("mlp.mid", DType::kF32, {G, c.dense_width}));
   if (c.count(Mlp::kMoe) > 0) ENCORE_RETURN_IF_ERROR(add_moe_buffers(c, o, b));
-  return b.add("logits", DType::kF32, {B, c.vocab});
+  return b.add("logits", DType::kF32, {G, c.vocab});
 }
 
 Status build_state_layout(const ModelConfig& c, const BufferOptions& o, TensorArena& s) {

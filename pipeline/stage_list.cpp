@@ -31,9 +31,9 @@ class Builder {
       }
       c_.mlp[l] == Mlp::kDense ? dense_mlp(l) : moe(l);
     }
-    auto& head = push(StageKind::kRmsNormGemv, StageRole::kLmHead, -1, &StageParams::rms_gemv);
-    head = norm_gemv(weight<q4k::Block>("output.weight"), weight<float>("output_norm.weight"), buffer<float>("x"),
-                     buffer<float>("logits"), c_.vocab, c_.hidden);
+    push_gemv(StageKind::kRmsNormGemv, StageRole::kLmHead, -1, &StageParams::rms_gemv,
+              norm_gemv(weight<q4k::Block>("output.weight"), weight<float>("output_norm.weight"), buffer<float>("x"),
+                        buffer<float>("logits"), c_.vocab, c_.hidden));
   }
 
  private:
@@ -65,6 +65,41 @@ class Builder {
     return out_.back().params.*member;
   }
 
+  // A Q4_K GEMV stage over the step's B rows: one stage up to ops::kMaxGemvBatch rows, else one
+  // per 16 rows, each running all 16 (the GEMV buffers have gemv_rows(max_batch) rows; the rows
+  // past B are pad rows), so every stage runs the 16-token tier. Later stages join the first:
+  // other rows, the same weights.
+  template <class P>
+  void push_gemv(StageKind kind, StageRole role, int layer, P StageParams::*member, const P& whole) {
+    if (B_ <= ops::kMaxGemvBatch) {
+      push(kind, role, layer, member) = whole;
+      return;
+    }
+    for (int first = 0; first < B_; first += ops::kMaxGemvBatch) {
+      P p = whole;
+      p.batch = ops::kMaxGemvBatch;
+      offset_rows(p, first);
+      push(kind, role, layer, member, first > 0) = p;
+    }
+  }
+  static std::int64_t or_default(std::int64_t stride, std::int64_t dim) { return stride ? stride : dim; }
+  static void offset_rows(ops::Q4kGemvParams& p, int rows) {
+    const std::int64_t y = rows * or_default(p.y_stride, p.n);
+    p.x += rows * or_default(p.x_stride, p.k), p.y += y;
+    if (p.residual) p.residual += y;
+  }
+  static void offset_rows(ops::RmsNormQ4kGemvParams& p, int rows) {
+    const std::int64_t y = rows * or_default(p.y_stride, p.n);
+    p.x += rows * or_default(p.x_stride, p.k), p.y += y;
+    if (p.residual) p.residual += y;
+    if (p.normalized) p.normalized += rows * p.k;
+  }
+  static void offset_rows(ops::GateUpQ4kGemvParams& p, int rows) {
+    const std::int64_t h = rows * or_default(p.h_stride, p.n);
+    p.x += rows * or_default(p.x_stride, p.k), p.h += h;
+    if (p.up_out) p.up_out += h;
+  }
+
   ops::RmsNormQ4kGemvParams norm_gemv(const q4k::Block* w, const float* gamma, const float* x, float* y, std::int64_t n,
                                       std::int64_t k, std::int64_t x_stride = 0, std::int64_t y_stride = 0) const {
     ops::RmsNormQ4kGemvParams p;
@@ -74,17 +109,18 @@ class Builder {
   }
   // y = x += W in (the o_proj / down projections: residual add in place).
   void residual_gemv(StageRole role, int l, const char* w, const float* in, std::int64_t k) {
-    ops::Q4kGemvParams& p = push(StageKind::kGemv, role, l, &StageParams::gemv);
+    ops::Q4kGemvParams p;
     p.weight = weight<q4k::Block>(l, w), p.x = in, p.y = buffer<float>("x"), p.residual = p.y;
     p.n = c_.hidden, p.k = k, p.batch = B_;
+    push_gemv(StageKind::kGemv, role, l, &StageParams::gemv, p);
   }
 
   void kda_layer(int l) {
     const KdaConfig& k = c_.kda;
     const std::int64_t P = std::int64_t(k.heads) * k.head_dim;
-    push(StageKind::kRmsNormGemv, StageRole::kKdaInProj, l, &StageParams::rms_gemv) =
-        norm_gemv(weight<q4k::Block>(l, "attn_q.weight"), weight<float>(l, "attn_norm.weight"), buffer<float>("x"),
-                  buffer<float>("kda.proj"), 3 * P + 2 * k.gate_rank + k.heads, c_.hidden, 0, kda_proj_stride(c_));
+    push_gemv(StageKind::kRmsNormGemv, StageRole::kKdaInProj, l, &StageParams::rms_gemv,
+              norm_gemv(weight<q4k::Block>(l, "attn_q.weight"), weight<float>(l, "attn_norm.weight"), buffer<float>("x"),
+                        buffer<float>("kda.proj"), 3 * P + 2 * k.gate_rank + k.heads, c_.hidden, 0, kda_proj_stride(c_)));
     ops::KdaParams& p = push(StageKind::kKda, StageRole::kKda, l, &StageParams::kda);
     p.proj = buffer<float>("kda.proj"), p.proj_stride = kda_proj_stride(c_);
     p.slot_ids = buffer<int>("step.slot_ids"), p.y = buffer<float>("kda.y");
@@ -121,13 +157,13 @@ class Builder {
     const std::int64_t stride = mla_proj_stride(c_), q_cols = mla_q_columns(c_), q_width = std::int64_t(m.heads) * ops::kMlaQHeadDim;
     float* proj = buffer<float>("mla.proj");
     const bool lora = m.q_lora_rank > 0;
-    push(StageKind::kRmsNormGemv, StageRole::kMlaInProj, l, &StageParams::rms_gemv) =
-        norm_gemv(weight<q4k::Block>(l, lora ? "attn_q_a.weight" : "attn_q.weight"), weight<float>(l, "attn_norm.weight"),
-                  buffer<float>("x"), proj, q_cols + m.kv_lora_rank + m.rope_dim, c_.hidden, 0, stride);
+    push_gemv(StageKind::kRmsNormGemv, StageRole::kMlaInProj, l, &StageParams::rms_gemv,
+              norm_gemv(weight<q4k::Block>(l, lora ? "attn_q_a.weight" : "attn_q.weight"), weight<float>(l, "attn_norm.weight"),
+                        buffer<float>("x"), proj, q_cols + m.kv_lora_rank + m.rope_dim, c_.hidden, 0, stride));
     if (lora)
-      push(StageKind::kRmsNormGemv, StageRole::kMlaQB, l, &StageParams::rms_gemv) =
-          norm_gemv(weight<q4k::Block>(l, "attn_q_b.weight"), weight<float>(l, "attn_q_a_norm.weight"), proj,
-                    buffer<float>("mla.q"), q_width, m.q_lora_rank, stride, 0);
+      push_gemv(StageKind::kRmsNormGemv, StageRole::kMlaQB, l, &StageParams::rms_gemv,
+                norm_gemv(weight<q4k::Block>(l, "attn_q_b.weight"), weight<float>(l, "attn_q_a_norm.weight"), proj,
+                          buffer<float>("mla.q"), q_width, m.q_lora_rank, stride, 0));
     const __nv_bfloat16* kv_b = weight<__nv_bfloat16>(l, "attn_kv_b.weight");
     __nv_bfloat16* q576 = buffer<__nv_bfloat16>("mla.q576");
 
@@ -157,11 +193,12 @@ class Builder {
   }
 
   void dense_mlp(int l) {
-    ops::GateUpQ4kGemvParams& g = push(StageKind::kGateUpGemv, StageRole::kDenseGateUp, l, &StageParams::gate_up);
+    ops::GateUpQ4kGemvParams g;
     g.gate = weight<q4k::Block>(l, "ffn_gate.weight"), g.up = weight<q4k::Block>(l, "ffn_up.weight");
     g.x = buffer<float>("x"), g.gamma = weight<float>(l, "ffn_norm.weight"), g.eps = c_.rms_eps;
     g.output = ops::GateUpOutput::kSiluMul, g.h = buffer<float>("mlp.mid");
     g.n = c_.dense_width, g.k = c_.hidden, g.batch = B_;
+    push_gemv(StageKind::kGateUpGemv, StageRole::kDenseGateUp, l, &StageParams::gate_up, g);
     residual_gemv(StageRole::kDenseDown, l, "ffn_down.weight", g.h, c_.dense_width);
   }
 

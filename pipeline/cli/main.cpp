@@ -2,6 +2,8 @@
 // 1,2,3 --steps N [--batch B] [--path graph|megakernel] [--logits-out FILE]` (docs/generate.md).
 #include <CLI/CLI.hpp>
 
+#include <encore/pipeline/buffer_layout.h>
+
 #include "cli.h"
 
 int main(int argc, char** argv) {
@@ -20,7 +22,7 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::NonNegativeNumber);
   generate->add_option("--steps", g.steps, "new tokens per row")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  generate->add_option("--batch", g.batch, "rows, each fed the same prompt")->check(CLI::Range(1, 16))->capture_default_str();
+  generate->add_option("--batch", g.batch, "rows, each fed the same prompt")->check(CLI::Range(1, encore::pipeline::kMaxPipelineBatch))->capture_default_str();
   generate->add_option("--path", g.path, "decode path")->check(CLI::IsMember({"graph", "megakernel"}))->capture_default_str();
   generate->add_option("--logits-out", g.logits_out, "write every step's fp32 logits, raw little-endian [step][batch][vocab]");
 

@@ -17,7 +17,7 @@ if(TARGET encore_cli)
   add_test(NAME cli.generate_bad_id COMMAND ${encore_bin} generate --model ${tiny} --prompt-ids 1,x)
   add_test(NAME cli.generate_id_outside_vocab COMMAND ${encore_bin} generate --model ${tiny} --prompt-ids 1,1000000)
   add_test(NAME cli.generate_bad_path COMMAND ${encore_bin} generate --model ${tiny} --prompt-ids 1 --path eager)
-  add_test(NAME cli.generate_bad_batch COMMAND ${encore_bin} generate --model ${tiny} --prompt-ids 1 --batch 17)
+  add_test(NAME cli.generate_bad_batch COMMAND ${encore_bin} generate --model ${tiny} --prompt-ids 1 --batch 65)
   foreach(kind graph megakernel)
     add_test(NAME cli.generate_${kind} COMMAND ${CMAKE_COMMAND} -DENCORE=${encore_bin} -DMODEL=${tiny} -DPATH_KIND=${kind}
              -DOUT=${CMAKE_CURRENT_BINARY_DIR}/cli_logits_${kind}.bin -DVOCAB=512 -P ${CMAKE_CURRENT_LIST_DIR}/check_generate.cmake)

@@ -93,10 +93,36 @@ TEST(BufferLayout, TinyVariants) {
   }
 }
 
+// Beyond 16 rows the GEMVs run in stages of 16: their buffers get rows up to the next multiple of 16.
+TEST(BufferLayout, BatchesBeyondTheGemvsSixteenRows) {
+  EXPECT_EQ(gemv_rows(1), 1);
+  EXPECT_EQ(gemv_rows(16), 16);
+  EXPECT_EQ(gemv_rows(17), 32);
+  EXPECT_EQ(gemv_rows(40), 48);
+  EXPECT_EQ(gemv_rows(kMaxPipelineBatch), 64);
+  const ModelConfig c = ModelConfig::kimi_linear_48b();
+  TensorArena b;
+  ENCORE_OK(build_buffer_layout(c, options(40), b));
+  using D = std::vector<std::int64_t>;
+  for (const char* name : {"step.token_ids", "step.slot_ids"}) EXPECT_EQ(b.find(name)->dims, (D{40})) << name;
+  EXPECT_EQ(b.find("moe.topk_ids")->dims, (D{40, 8}));
+  EXPECT_EQ(b.find("mla.q576")->dims, (D{40, 32, 576}));
+  EXPECT_EQ(b.find("x")->dims, (D{48, 2304}));
+  EXPECT_EQ(b.find("kda.proj")->dims, (D{48, 12576}));
+  EXPECT_EQ(b.find("kda.y")->dims, (D{48, 4096}));
+  EXPECT_EQ(b.find("mla.proj")->dims, (D{48, 6720}));
+  EXPECT_EQ(b.find("mla.v_out")->dims, (D{48, 4096}));
+  EXPECT_EQ(b.find("mlp.mid")->dims, (D{48, 9216}));
+  EXPECT_EQ(b.find("logits")->dims, (D{48, 163840}));
+  EXPECT_EQ(b.find("moe.experts_ws")->bytes, std::int64_t(ops::moe_experts_workspace_bytes(40, 256, 1, 8, 2304, 1024)));
+}
+
 TEST(BufferLayout, OptionsAreChecked) {
   const ModelConfig c = ModelConfig::tiny();
   TensorArena b;
-  BufferOptions o = options(17);  // beyond the GEMV's 16 rows
+  BufferOptions o = options(kMaxPipelineBatch + 1);  // beyond the MoE op's 64 tokens
+  EXPECT_EQ(build_buffer_layout(c, o, b).code(), StatusCode::kOutOfRange);
+  o = options(0);
   EXPECT_EQ(build_buffer_layout(c, o, b).code(), StatusCode::kOutOfRange);
   o = options();
   o.mla_num_parts = 0;

@@ -143,11 +143,33 @@ INSTANTIATE_TEST_SUITE_P(Tiny, MegakernelTiny,
                                   (info.param.stress ? "_Stress" : "");
                          });
 
-// The Kimi-Linear preset (random weights of the real shapes, ~28 GB) at batch 1 and 16.
+// Beyond 16 rows (the GEMVs in stages of 16 rows, the last one partly pad rows): the tiny model
+// at 40 rows, every row its own slot and pages.
+TEST(MegakernelTinyWide, MatchesTheGraphBitForBit) {
+  ENCORE_REQUIRE_GPU();
+  BufferOptions o;
+  o.max_batch = 40, o.max_slots = 40, o.max_pages_per_seq = 8, o.max_pages = 40 * 8;
+  std::unique_ptr<Pipeline> p;
+  ENCORE_OK(Pipeline::create(ModelConfig::tiny(true), o, p));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(seed);
+  ENCORE_OK(p->fill_random_weights(seed, stream));
+  DecodeGraph graph;
+  ENCORE_OK(DecodeGraph::capture(*p, stream, graph));
+  Megakernel mk;
+  ENCORE_OK(Megakernel::build(*p, mk));
+  expect_paths_agree(*p, graph, mk, StepPlan{40, 40, 8}, int(test::env_int("ENCORE_MEGAKERNEL_STEPS", 64)), stream);
+  ENCORE_OK(mk.read_status(stream));
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+// The Kimi-Linear preset (random weights of the real shapes, ~28 GB) at batch 1, 16 and 64.
 TEST(MegakernelKimi, MatchesTheGraphBitForBit) {
   ENCORE_REQUIRE_GPU();
   BufferOptions o;
-  o.max_batch = 16, o.max_slots = 16, o.max_pages_per_seq = 4, o.max_pages = 16 * 4;
+  o.max_batch = 64, o.max_slots = 64, o.max_pages_per_seq = 10, o.max_pages = 64 * 10;
   std::unique_ptr<Pipeline> p;
   ENCORE_OK(Pipeline::create(ModelConfig::kimi_linear_48b(), o, p));
   cudaStream_t stream;
@@ -155,14 +177,14 @@ TEST(MegakernelKimi, MatchesTheGraphBitForBit) {
   const std::uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(seed);
   ENCORE_OK(p->fill_random_weights(seed, stream));
-  for (int batch : {1, 16}) {
+  for (int batch : {1, 16, 64}) {
     SCOPED_TRACE(batch);
     ENCORE_OK(p->set_batch(batch));
     DecodeGraph graph;
     ENCORE_OK(DecodeGraph::capture(*p, stream, graph));
     Megakernel mk;
     ENCORE_OK(Megakernel::build(*p, mk));
-    expect_paths_agree(*p, graph, mk, StepPlan{batch, 16, 4}, int(test::env_int("ENCORE_MEGAKERNEL_STEPS", 64)), stream);
+    expect_paths_agree(*p, graph, mk, StepPlan{batch, 64, 10}, int(test::env_int("ENCORE_MEGAKERNEL_STEPS", 64)), stream);
     ENCORE_OK(mk.read_status(stream));
   }
   CUDA_OK(cudaStreamDestroy(stream));

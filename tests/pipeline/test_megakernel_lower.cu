@@ -102,7 +102,9 @@ TEST(MegakernelLower, ProgramsAreSoundMinimalAndOrdered) {
   const Case cases[] = {{"tiny", ModelConfig::tiny(), 3, 3},
                         {"tiny rope", ModelConfig::tiny(true), 1, 3},
                         {"kimi b1", ModelConfig::kimi_linear_48b(), 1, 16},
-                        {"kimi b16", ModelConfig::kimi_linear_48b(), 16, 16}};
+                        {"kimi b16", ModelConfig::kimi_linear_48b(), 16, 16},
+                        {"tiny b40 (GEMVs in stages of 16)", ModelConfig::tiny(), 40, 40},
+                        {"kimi b64", ModelConfig::kimi_linear_48b(), 64, 64}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const std::vector<Stage> stages = stages_of(c.config, c.batch, c.max_batch);

@@ -2,6 +2,7 @@
 // whole steps of the tiny models (docs/model.md §6, both MLA variants) through the eager path and the
 // captured graph: bit-identical logits and states, untouched unused slots and pages, rows that do
 // not see each other, and bad step inputs rejected before anything runs.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -391,10 +392,71 @@ TEST(PipelineGpuInputs, BadStepInputsAreRejectedBeforeAnythingRuns) {
             }),
             StatusCode::kOutOfRange);  // four rows, the stages run three
   BufferOptions too_big = tiny_options();
-  too_big.max_batch = 17;
+  too_big.max_batch = kMaxPipelineBatch + 1;
   std::unique_ptr<Pipeline> q;
   EXPECT_EQ(Pipeline::create(c, too_big, q).code(), StatusCode::kOutOfRange);
   EXPECT_EQ(q, nullptr);
+}
+
+// Beyond 16 rows the GEMVs run in stages of 16 rows. The first 16 rows of a 40-row step give what
+// the same rows give in a 16-row step (both at the GEMVs' 16-token tier; the MoE op is
+// batch-invariant; the MLA split plan may differ, hence a tolerance rather than bits), and a
+// captured 40-row step replays the eager one bit for bit.
+TEST(PipelineGpuWide, FortyRowsAgreeWithSixteenAndReplayBitForBit) {
+  ENCORE_REQUIRE_GPU();
+  BufferOptions o;
+  o.max_batch = 40, o.max_slots = 40, o.max_pages = 80, o.max_pages_per_seq = 2;
+  std::unique_ptr<Pipeline> p;
+  ENCORE_OK(Pipeline::create(ModelConfig::tiny(), o, p));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(seed);
+  ENCORE_OK(p->fill_random_weights(seed, stream));
+  const int vocab = p->config().vocab;
+  constexpr int kSteps = 8;
+  auto inputs = [&](int rows, int t) {  // row b: slot b, pages 2b and 2b + 1, position (b % 5) * 11 + t
+    StepInputs s;
+    for (int b = 0; b < rows; ++b) {
+      s.token_ids.push_back((13 * t + 101 * b + 7) % vocab);
+      s.positions.push_back((b % 5) * 11 + t), s.seq_lens.push_back((b % 5) * 11 + t + 1), s.slot_ids.push_back(b);
+      for (int i = 0; i < 2; ++i) s.block_table.push_back(2 * b + i);
+    }
+    return s;
+  };
+  auto run = [&](int rows, const DecodeGraph* graph) {
+    std::vector<std::vector<float>> logits;
+    EXPECT_TRUE(p->set_batch(rows).ok());
+    EXPECT_TRUE(p->reset_state(stream).ok());
+    for (int t = 0; t < kSteps; ++t) {
+      EXPECT_TRUE(p->set_step(inputs(rows, t)).ok());
+      EXPECT_TRUE((graph ? graph->replay(stream) : p->enqueue_step(stream)).ok());
+      std::vector<float> l(std::size_t(rows) * vocab);
+      EXPECT_EQ(cudaSuccess, cudaMemcpyAsync(l.data(), p->logits(), l.size() * 4, cudaMemcpyDeviceToHost, stream));
+      EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(stream));
+      logits.push_back(std::move(l));
+    }
+    EXPECT_TRUE(p->read_errors(stream).ok());
+    return logits;
+  };
+  const auto wide = run(40, nullptr);
+  ENCORE_OK(p->set_batch(40));
+  DecodeGraph graph;
+  ENCORE_OK(DecodeGraph::capture(*p, stream, graph));
+  const auto replayed = run(40, &graph);
+  for (int t = 0; t < kSteps; ++t)
+    EXPECT_TRUE(test::bitwise_equal(wide[t].data(), replayed[t].data(), wide[t].size() * 4)) << "step " << t;
+  const auto narrow = run(16, nullptr);
+  int same_argmax = 0;
+  for (int t = 0; t < kSteps; ++t)
+    for (int b = 0; b < 16; ++b) {
+      const std::vector<float> a(wide[t].begin() + b * vocab, wide[t].begin() + (b + 1) * vocab);
+      const std::vector<float> n(narrow[t].begin() + b * vocab, narrow[t].begin() + (b + 1) * vocab);
+      EXPECT_LT(test::rel_l2(a, n), 1e-4) << "step " << t << " row " << b;
+      same_argmax += std::max_element(a.begin(), a.end()) - a.begin() == std::max_element(n.begin(), n.end()) - n.begin();
+    }
+  EXPECT_GE(same_argmax, kSteps * 16 - 2);
+  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 TEST(PipelineGpuInputs, DecodeGraphRunsAsAChildNode) {

@@ -317,6 +317,55 @@ TEST(StageList, SmallerBatchKeepsMaxBatchSizing) {
   }
 }
 
+// Beyond 16 rows every Q4_K GEMV becomes stages of 16 rows each (the 16-token tier), the later
+// ones joining the first; nothing else changes.
+TEST(StageList, BatchesBeyondSixteenRowsRunTheGemvsInStagesOfSixteen) {
+  const Built one(ModelConfig::kimi_linear_48b());
+  for (int batch : {17, 40, 64}) {
+    SCOPED_TRACE(batch);
+    const Built b(ModelConfig::kimi_linear_48b(), batch, batch);  // max_batch = batch: the padding must cover the last stage
+    const int chunks = (batch + 15) / 16;
+    // 57 GEMV stages per step: 20 x 2 KDA, 7 x 2 MLA, 2 dense, the head.
+    EXPECT_EQ(b.stages.size(), 166u + 57u * (chunks - 1));
+    EXPECT_EQ(dependency_levels(b.stages), 159);
+    std::size_t j = 0;  // the one-stage table's stage this one comes from
+    for (std::size_t i = 0; i < b.stages.size(); ++i, ++j) {
+      const Stage& s = b.stages[i];
+      const Status st = validate_stage(s);
+      EXPECT_TRUE(st.ok()) << "stage " << i << ": " << st.to_string();
+      GemvView v;
+      if (!gemv_view(s, v)) {
+        EXPECT_EQ(s.role, one.stages[j].role) << i;
+        continue;
+      }
+      auto input = [](const Stage& t) {
+        return t.kind == StageKind::kRmsNormGemv ? t.params.rms_gemv.x : t.kind == StageKind::kGemv ? t.params.gemv.x : t.params.gate_up.x;
+      };
+      for (int c = 0; c < chunks; ++c) {
+        const Stage& t = b.stages[i + c];
+        ASSERT_EQ(t.role, one.stages[j].role) << i + c;
+        EXPECT_EQ(t.joins_previous, c > 0);
+        GemvView w;
+        ASSERT_TRUE(gemv_view(t, w));
+        EXPECT_EQ(w.batch, 16);
+        EXPECT_EQ(w.w[0], v.w[0]);
+        const std::int64_t stride = t.kind == StageKind::kRmsNormGemv && t.params.rms_gemv.x_stride ? t.params.rms_gemv.x_stride : w.k;
+        EXPECT_EQ(input(t), input(s) + std::int64_t(c) * 16 * stride) << "stage " << i + c;
+        // Its 16 rows of output end inside the step arena (the GEMV buffers have gemv_rows rows).
+        const float* y = t.kind == StageKind::kRmsNormGemv ? t.params.rms_gemv.y : t.kind == StageKind::kGemv ? t.params.gemv.y : t.params.gate_up.h;
+        const std::int64_t y_stride = t.kind == StageKind::kRmsNormGemv && t.params.rms_gemv.y_stride ? t.params.rms_gemv.y_stride : w.n;
+        const auto end = reinterpret_cast<std::uintptr_t>(y + 15 * y_stride + w.n);
+        EXPECT_LE(end, reinterpret_cast<std::uintptr_t>(b.bases.buffers) + std::uintptr_t(b.buffers.total_bytes())) << "stage " << i + c;
+      }
+      i += chunks - 1;
+    }
+    EXPECT_EQ(j, one.stages.size());
+  }
+  const Built a(ModelConfig::tiny(true), 40, 40), again(ModelConfig::tiny(true), 40, 40);
+  ASSERT_EQ(a.stages.size(), again.stages.size());
+  EXPECT_EQ(std::memcmp(a.stages.data(), again.stages.data(), a.stages.size() * sizeof(Stage)), 0);  // bytes, padding included
+}
+
 // The table is copied to the device as bytes (graph nodes, megakernel): the same inputs must give
 // the same bytes, padding included.
 TEST(StageList, TableBytesAreDeterministic) {

@@ -1,21 +1,22 @@
 // The per-step device memory of the decode pipeline (docs/model.md §3), sized for a maximum
 // batch, and the state pools, sized for the slots and cache pages an engine wants resident.
 //
-// Step arena ("buffers"), reused by every layer (stages of one step run in order):
+// Step arena ("buffers"), reused by every layer (stages of one step run in order); B = max_batch,
+// G = gemv_rows(B) (B up to 16, else B rounded up to a multiple of 16):
 //   step.token_ids / positions / seq_lens / slot_ids  int32 [B]     StepInputs (pad row: slot < 0, len 0)
 //   step.block_table   int32 [B][max_pages_per_seq]                  MLA pages of each sequence
-//   x                  fp32 [B][hidden]   residual stream
-//   h                  fp32 [B][hidden]   post-attention RMSNorm output, the MoE input
-//   kda.proj           fp32 [B][kda_proj_stride]   [q | k | v | f_a | g_a | b] (kda.h row layout)
-//   kda.y              fp32 [B][H*V]
-//   mla.proj           fp32 [B][mla_proj_stride]   [q (or q_a) | kv_a]
-//   mla.q              fp32 [B][H*192]    q LoRA configs only: q_b output
+//   x                  fp32 [G][hidden]   residual stream (the MoE ops normalise it themselves)
+//   kda.proj           fp32 [G][kda_proj_stride]   [q | k | v | f_a | g_a | b] (kda.h row layout)
+//   kda.y              fp32 [G][H*V]
+//   mla.proj           fp32 [G][mla_proj_stride]   [q (or q_a) | kv_a]
+//   mla.q              fp32 [G][H*192]    q LoRA configs only: q_b output
 //   mla.q576 bf16, mla.o_lat, mla.lse, mla.partial_o, mla.partial_lse, mla.part_plans,
-//   mla.num_splits, mla.v_out            shapes as in ops/mla.h (partials: B + num_parts rows)
-//   mlp.mid            fp32 [B][dense_width]   dense layers only
+//   mla.num_splits     shapes as in ops/mla.h (partials: B + num_parts rows)
+//   mla.v_out          fp32 [G][H*128]
+//   mlp.mid            fp32 [G][dense_width]   dense layers only
 //   moe.router_ws, moe.experts_ws        sized by the MoE op's own workspace queries
 //   moe.topk_ids int32 / moe.topk_weights fp32 [B][top_k]
-//   logits             fp32 [B][vocab]
+//   logits             fp32 [G][vocab]
 //   flags.mla, flags.moe                 int32 error flags (sticky; the host reads them after a step)
 // State arena: per KDA layer "blk.N.kda_recurrent" fp32 [slots][H][V][K] and "blk.N.kda_conv"
 // fp32 [slots][3][3*H*K]; per MLA layer "blk.N.mla_cache" bf16 [pages][64][576] (one block table
@@ -29,14 +30,23 @@
 
 namespace encore::pipeline {
 
+// The most rows a step can have: the MoE op's limit (its work list tracks tokens in a 64-bit mask).
+inline constexpr int kMaxPipelineBatch = 64;
+
 struct BufferOptions {
-  int max_batch = 16;           // 1..16 (the Q4_K GEMV's kMaxGemvBatch)
+  int max_batch = 16;           // 1..kMaxPipelineBatch
   int max_slots = 16;           // KDA state slots resident
   int max_pages = 64;           // MLA cache pages per MLA layer (64 tokens each)
   int max_pages_per_seq = 64;   // block table row length: context capacity = 64 * this
   int mla_num_parts = 0;        // split-KV scheduler parts: ops::mla_num_parts(heads) on the device
                                 // the pipeline runs on (it reads the SM count, so the caller passes it)
 };
+
+// Rows of the buffers the Q4_K GEMVs read and write (x, the projections, logits). The GEMVs take at
+// most ops::kMaxGemvBatch (16) rows, so a larger batch runs them as stages of 16 rows each; these
+// buffers then have rows up to the next multiple of 16, so that every such stage runs all 16 rows
+// at the 16-token tier (the rows past the batch are pad rows nothing else reads).
+std::int64_t gemv_rows(int batch);
 
 // Floats per row of the projection buffers (rounded up to a multiple of 4 for the ops' strides).
 std::int64_t kda_proj_stride(const ModelConfig& c);
