@@ -188,9 +188,11 @@ __global__ void __launch_bounds__(kThreads, 1) step_coop(const char* pool, Stage
 
 // The megakernel's scheme (mode "program" above). tiles[s]: the stage's tile count; offset[s]: the
 // lane rotation; counters: one per stage, zeroed before the launch; prologue: bytes per tile copied
-// into shared memory before the wait.
-__global__ void __launch_bounds__(kThreads, 1) step_program(const char* pool, StageTable t, const int* tiles, const int* offsets,
-                                                            unsigned long long* counters, long long prologue) {
+// into shared memory before the wait. THREADS per block: 512 (the probe's other modes) or 256 (the
+// real megakernel's blocks), launched one or two per SM.
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS, 1) step_program(const char* pool, StageTable t, const int* tiles, const int* offsets,
+                                                           unsigned long long* counters, long long prologue) {
   extern __shared__ __align__(128) uint4 stage_smem[];
   __shared__ __align__(8) unsigned long long mbar;
   uint4 acc = make_uint4(0, 0, 0, 0);
@@ -227,8 +229,8 @@ __global__ void __launch_bounds__(kThreads, 1) step_program(const char* pool, St
       asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
                    : "=r"(done) : "r"(smem_addr(&mbar)), "r"(parity) : "memory");
     parity ^= 1;
-    for (long long i = threadIdx.x; i < staged; i += kThreads) { uint4 v = stage_smem[i]; acc.x ^= v.x; acc.y += v.y; }
-    for (long long i = lo + staged + threadIdx.x; i < hi; i += kThreads) { uint4 v = __ldcs(base + i); acc.x ^= v.x; acc.y += v.y; }
+    for (long long i = threadIdx.x; i < staged; i += THREADS) { uint4 v = stage_smem[i]; acc.x ^= v.x; acc.y += v.y; }
+    for (long long i = lo + staged + threadIdx.x; i < hi; i += THREADS) { uint4 v = __ldcs(base + i); acc.x ^= v.x; acc.y += v.y; }
     __syncthreads();
     if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(counters + s * 16) : "memory");
   }
@@ -426,14 +428,20 @@ int main() {
     CK(cudaMalloc(&d_counters, n * 16 * sizeof(unsigned long long)));
     CK(cudaMemcpy(d_tiles, tiles.data(), n * sizeof(int), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_offsets, offsets.data(), n * sizeof(int), cudaMemcpyHostToDevice));
-    CK(cudaFuncSetAttribute(step_program, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 << 10));
-    for (long long kb : {0LL, 32LL, 80LL}) {
+    // (threads, blocks per SM): the probe's 512-thread block; the real megakernel's one 256-thread
+    // block per SM; and two such blocks per SM, each with at most half the shared memory.
+    auto run_program = [&](auto kernel, int threads, int per_sm_wanted, long long kb) {
+      CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 << 10));
       const size_t smem = size_t(std::max(kb, 1LL)) << 10;
-      int b = 0; CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, step_program, kThreads, smem));
-      const int g = prop.multiProcessorCount * std::min(b, 1);  // one block per SM, as the megakernel
+      int b = 0; CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, threads, smem));
+      if (b < per_sm_wanted) return;  // does not fit: no line
+      const int g = prop.multiProcessorCount * per_sm_wanted;
       std::vector<int> off(n);
       int at = 0;
-      for (int i = 0; i < n; ++i) { tiles[i] = std::min(tiles[i], g); off[i] = (g - at) % g; at = (at + tiles[i]) % g; }
+      for (int i = 0; i < n; ++i) {
+        tiles[i] = int(std::min<long long>(g, (bytes[i] + (80 << 10) - 1) / (80 << 10)));
+        off[i] = (g - at) % g, at = (at + tiles[i]) % g;
+      }
       CK(cudaMemcpy(d_tiles, tiles.data(), n * sizeof(int), cudaMemcpyHostToDevice));
       CK(cudaMemcpy(d_offsets, off.data(), n * sizeof(int), cudaMemcpyHostToDevice));
       long long pro = kb << 10;
@@ -441,11 +449,14 @@ int main() {
         CK(cudaMemsetAsync(d_counters, 0, n * 16 * sizeof(unsigned long long), st));
         StageTable tt{n, d_off + c * n, d_bytes};
         void* args[] = {(void*)&pool, (void*)&tt, (void*)&d_tiles, (void*)&d_offsets, (void*)&d_counters, (void*)&pro};
-        CK(cudaLaunchCooperativeKernel((void*)step_program, g, kThreads, args, smem, st));
+        CK(cudaLaunchCooperativeKernel((void*)kernel, g, threads, args, smem, st));
       }, 15);
-      std::printf("program  %8.1f us  (%.2fx stream; per-stage tiles and counters, %d blocks, %lld KB per tile staged before the wait)\n",
-                  tp, tp / stream, g, kb);
-    }
+      std::printf("program  %8.1f us  (%.2fx stream; per-stage tiles and counters, %d blocks of %d threads (%d per SM), %lld KB per tile staged before the wait)\n",
+                  tp, tp / stream, g, threads, per_sm_wanted, kb);
+    };
+    for (long long kb : {0LL, 32LL, 80LL}) run_program(step_program<512>, 512, 1, kb);
+    for (long long kb : {0LL, 32LL, 80LL}) run_program(step_program<256>, 256, 1, kb);
+    for (long long kb : {0LL, 32LL, 80LL}) run_program(step_program<256>, 256, 2, kb);
   }
   float ll = time_med(coop(10, 0), 15);
   std::printf("ll flags %8.1f us  (%.2fx stream; per-block flags, relaxed, no fences)\n", ll, ll / stream);
