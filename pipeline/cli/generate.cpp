@@ -1,6 +1,5 @@
 // `encore generate`: a kimi-linear GGUF on the GPU, the prompt fed one token per step, then greedy
 // tokens (pipeline::Generator over the graph or the megakernel path).
-#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>

@@ -3,8 +3,8 @@
 // so that the next decode step replays with no host read in between (docs/generate.md).
 //
 // A row's token history holds its prompt ahead of time: tokens[b][t] is row b's token at position
-// t. While the next position is still inside the prompt (t < prompt_lens[b]), the prompt's token is
-// fed instead of the argmax, so prompt and generation run through the same replayed step.
+// t. While the next position is still inside the prompt (below prompt_lens[b]), the prompt's token
+// is fed instead of the argmax, so prompt and generation run through the same replayed step.
 //
 // For a live row b (slot_ids[b] >= 0, seq_lens[b] > 0) at position t = positions[b]:
 //   next = t + 1 < prompt_lens[b] ? tokens[b][t + 1] : argmax(logits[b][0 .. vocab))
@@ -16,7 +16,8 @@
 // tokens[b][0 .. positions[b]].
 //
 // Two kernels: per-chunk partial argmaxes over [batch][chunks] tiles, then one tile per row that
-// reduces them and advances the row. Deterministic (no atomics; fixed reduction order).
+// reduces them and advances the row. Deterministic: a fixed reduction order, and the only atomic is
+// the integer flag's OR.
 #pragma once
 
 #include <cstddef>
