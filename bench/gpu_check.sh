@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
 # One full verification pass on a GPU machine, in one call (device time is scarce): the whole
 # test suite, compute-sanitizer (memcheck, racecheck, synccheck) over small cases of every area,
-# every benchmark to JSON, and generation from GGUF files written on the machine (a full-width
-# model against the fp64 reference, then the whole 28 GB preset's load time and tokens/s).
-# Usage, from the repository root with `build/` built here:
-#   bash bench/gpu_check.sh [OUT_DIR] [BENCH_FILTER] [GENERATE=1]
+# and every benchmark to JSON (generation from GGUF files: bench/generate_check.sh, a call of its
+# own). Usage, from the repository root with `build/` built here:
+#   bash bench/gpu_check.sh [OUT_DIR] [BENCH_FILTER]
 # Prints a short summary last; full logs go to OUT_DIR (default: $OUT, else ./out).
 set -uo pipefail
 out=${1:-${OUT:-out}}
 filter=${2:-.}
-generate=${3:-1}
 mkdir -p "$out"
 tests=build/tests
 
@@ -49,28 +47,3 @@ build/bench/encore_bench --benchmark_filter="$filter" --benchmark_min_time=0.02 
 echo "bench rc=$?"
 python3 bench/summarize.py "$out/bench.json" > "$out/summary.txt" && head -1 "$out/summary.txt"
 
-[ "$generate" = 1 ] || exit 0
-# Generation from files written here (model files do not travel to this machine). 1: a full-width
-# model of three layers (KDA dense, KDA MoE, MLA MoE) fed the reference's 16 tokens as a prompt, its
-# logits on both paths against the fp64 reference with the device's int8 arithmetic; 2: the whole
-# preset (28 GB): load time and tokens/s on both paths. The files go to /tmp and are deleted.
-gen=/tmp/encore_gen
-mkdir -p "$gen"
-build/bench/encore_agree_model "$gen/fw.gguf" "$gen/fw_ref.bin" 16 1 layers=KdKeMe int8 > "$out/gen_ref.log" 2>&1
-ids=$(grep '^prompt-ids ' "$out/gen_ref.log" | cut -d' ' -f2)
-for path in graph megakernel; do
-  build/bin/encore generate --model "$gen/fw.gguf" --prompt-ids "$ids" --steps 1 --path "$path" \
-    --logits-out "$gen/fw_$path.bin" > "$out/gen_fw_$path.log" 2>&1
-  echo "generate full-width $path rc=$? $(tail -1 "$out/gen_fw_$path.log")"
-  python3 bench/agree/compare.py 163840 "$gen/fw_ref.bin" "$gen/fw_$path.bin" --min-argmax 0.95 --max-rel 0.02 --quiet
-done
-cmp -s "$gen/fw_graph.bin" "$gen/fw_megakernel.bin" && echo "full-width logits: graph and megakernel same bits" \
-  || echo "full-width logits: graph and megakernel DIFFER"
-rm -f "$gen/fw.gguf"
-build/tests/encore_write_gguf "$gen/kimi.gguf" kimi 1 > "$out/gen_write.log" 2>&1
-echo "write kimi rc=$? $(tail -1 "$out/gen_write.log")"
-for path in graph megakernel; do
-  build/bin/encore generate --model "$gen/kimi.gguf" --prompt-ids 1,2,3 --steps 64 --path "$path" > "$out/gen_kimi_$path.log" 2>&1
-  echo "generate kimi $path rc=$? $(grep -a -o 'loaded .*GB/s)' "$out/gen_kimi_$path.log"); $(tail -1 "$out/gen_kimi_$path.log")"
-done
-rm -rf "$gen"

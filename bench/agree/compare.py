@@ -6,8 +6,8 @@ the argmax agrees on fewer than --min-argmax of all steps or a step's relative L
     compare.py VOCAB A_1 B_1 [A_2 B_2 ...] [--min-argmax 0.8] [--max-rel inf] [--quiet]
 """
 import argparse
-
-import numpy as np
+import math
+from array import array
 
 parser = argparse.ArgumentParser()
 parser.add_argument("vocab", type=int)
@@ -18,20 +18,37 @@ parser.add_argument("--quiet", action="store_true", help="the summary line only"
 args = parser.parse_args()
 steps = agree = 0
 rels = []
+
+
+def rows(path):
+    """The file's logits as a list of per-step rows (plain Python: no numpy needed on the device)."""
+    values = array("f")
+    with open(path, "rb") as f:
+        values.frombytes(f.read())
+    return [values[i:i + args.vocab] for i in range(0, len(values), args.vocab)]
+
+
+def argmax(row):
+    return max(range(len(row)), key=row.__getitem__)
+
+
+def top5(row):
+    return set(sorted(range(len(row)), key=lambda i: -row[i])[:5])
+
+
 for k in range(0, len(args.files), 2):
-    a = np.fromfile(args.files[k], dtype=np.float32).reshape(-1, args.vocab)
-    b = np.fromfile(args.files[k + 1], dtype=np.float32).reshape(-1, args.vocab)
+    a, b = rows(args.files[k]), rows(args.files[k + 1])
     if not args.quiet:
         print(f"\n{args.files[k]} vs {args.files[k + 1]}\n\n| step | rel L2 | argmax A / B | top-5 shared |\n|---|---|---|---|")
-    for t in range(a.shape[0]):
-        rel = float(np.linalg.norm(a[t] - b[t]) / np.linalg.norm(a[t]))
+    for t in range(len(a)):
+        diff = math.sqrt(sum((x - y) * (x - y) for x, y in zip(a[t], b[t])))
+        rel = diff / math.sqrt(sum(x * x for x in a[t]))
         rels.append(rel)
-        shared = len(set(np.argsort(-a[t])[:5]) & set(np.argsort(-b[t])[:5]))
         steps += 1
-        agree += int(a[t].argmax() == b[t].argmax())
+        agree += int(argmax(a[t]) == argmax(b[t]))
         if not args.quiet:
-            print(f"| {t} | {rel:.4f} | {a[t].argmax()} / {b[t].argmax()} | {shared} |")
-median = float(np.median(rels))
+            print(f"| {t} | {rel:.4f} | {argmax(a[t])} / {argmax(b[t])} | {len(top5(a[t]) & top5(b[t]))} |")
+median = sorted(rels)[len(rels) // 2] if len(rels) % 2 else sum(sorted(rels)[len(rels) // 2 - 1:len(rels) // 2 + 1]) / 2
 ok = agree >= args.min_argmax * steps and max(rels) <= args.max_rel
 print(f"all: argmax agrees on {agree} of {steps} steps; relative L2 median {median:.4f}, max {max(rels):.4f}"
       f" ({'within' if ok else 'outside'} argmax >= {args.min_argmax:.0%}, rel L2 <= {args.max_rel})")
