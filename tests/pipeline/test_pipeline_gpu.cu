@@ -152,22 +152,38 @@ StepsRun run_steps(Pipeline& p, int steps, cudaStream_t stream, const DecodeGrap
   return r;
 }
 
-// The tiny model (param: the DeepSeek-style RoPE variant) with fresh random weights, on its own
-// non-blocking stream.
-class PipelineGpu : public ::testing::TestWithParam<bool> {
+// The tiny model (rope: the DeepSeek-style RoPE variant) on tiny_options() with fresh random
+// weights, on its own non-blocking stream: the set-up of the fixtures below.
+class TinyPipeline {
  protected:
-  void SetUp() override {
-    ENCORE_REQUIRE_GPU();
-    ENCORE_OK(Pipeline::create(ModelConfig::tiny(GetParam()), tiny_options(), p));
+  void start(bool rope) {
+    ENCORE_OK(Pipeline::create(ModelConfig::tiny(rope), tiny_options(), p));
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     ENCORE_OK(p->fill_random_weights(seed, stream));
   }
-  void TearDown() override {
+  ~TinyPipeline() {
     if (stream) EXPECT_EQ(cudaSuccess, cudaStreamDestroy(stream));
   }
   const std::uint64_t seed = test::fresh_seed();
   std::unique_ptr<Pipeline> p;
   cudaStream_t stream = nullptr;
+};
+
+// Param: the RoPE variant.
+class PipelineGpu : public ::testing::TestWithParam<bool>, protected TinyPipeline {
+ protected:
+  void SetUp() override {
+    ENCORE_REQUIRE_GPU();
+    start(GetParam());
+  }
+};
+
+class PipelineGpuInputs : public ::testing::Test, protected TinyPipeline {
+ protected:
+  void SetUp() override {
+    ENCORE_REQUIRE_GPU();
+    start(false);
+  }
 };
 
 TEST_P(PipelineGpu, GraphReplaysMatchEagerStepsBitForBit) {
@@ -363,10 +379,7 @@ TEST_P(PipelineGpu, StepsMatchTheModelReference) {
 INSTANTIATE_TEST_SUITE_P(Tiny, PipelineGpu, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "RopeQLora" : "Nope"; });
 
-TEST(PipelineGpuInputs, BadStepInputsAreRejectedBeforeAnythingRuns) {
-  ENCORE_REQUIRE_GPU();
-  std::unique_ptr<Pipeline> p;
-  ENCORE_OK(Pipeline::create(ModelConfig::tiny(), tiny_options(), p));
+TEST_F(PipelineGpuInputs, BadStepInputsAreRejectedBeforeAnythingRuns) {
   const ModelConfig& c = p->config();
   auto with = [&](auto edit) {
     StepInputs s = step_inputs(0, c);
@@ -459,13 +472,7 @@ TEST(PipelineGpuWide, FortyRowsAgreeWithSixteenAndReplayBitForBit) {
   CUDA_OK(cudaStreamDestroy(stream));
 }
 
-TEST(PipelineGpuInputs, DecodeGraphRunsAsAChildNode) {
-  ENCORE_REQUIRE_GPU();
-  std::unique_ptr<Pipeline> p;
-  ENCORE_OK(Pipeline::create(ModelConfig::tiny(), tiny_options(), p));
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  ENCORE_OK(p->fill_random_weights(test::fresh_seed(), stream));
+TEST_F(PipelineGpuInputs, DecodeGraphRunsAsAChildNode) {
   DecodeGraph graph;
   ENCORE_OK(DecodeGraph::capture(*p, stream, graph));
   ENCORE_OK(p->set_step(step_inputs(0, p->config())));
@@ -491,18 +498,11 @@ TEST(PipelineGpuInputs, DecodeGraphRunsAsAChildNode) {
   EXPECT_TRUE(test::bitwise_equal(direct.data(), child.data(), n * 4));
   CUDA_OK(cudaGraphExecDestroy(exec));
   CUDA_OK(cudaGraphDestroy(parent));
-  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 // A graph captured without the staged-input copy replays the same step once the engine has put the
 // inputs into the step buffers itself (here: the pipeline's own copy, enqueued outside the graph).
-TEST(PipelineGpuInputs, GraphWithoutTheStagingCopyReadsInputsTheEngineWrote) {
-  ENCORE_REQUIRE_GPU();
-  std::unique_ptr<Pipeline> p;
-  ENCORE_OK(Pipeline::create(ModelConfig::tiny(), tiny_options(), p));
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  ENCORE_OK(p->fill_random_weights(test::fresh_seed(), stream));
+TEST_F(PipelineGpuInputs, GraphWithoutTheStagingCopyReadsInputsTheEngineWrote) {
   DecodeGraph with_copy, stages_only;
   ENCORE_OK(DecodeGraph::capture(*p, stream, with_copy));
   DecodeGraphOptions no_copy;
@@ -524,17 +524,10 @@ TEST(PipelineGpuInputs, GraphWithoutTheStagingCopyReadsInputsTheEngineWrote) {
   CUDA_OK(cudaStreamSynchronize(stream));
   CUDA_OK(cudaMemcpy(b.data(), p->logits(), n * 4, cudaMemcpyDeviceToHost));
   EXPECT_TRUE(test::bitwise_equal(a.data(), b.data(), n * 4));
-  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 // A step staged with more rows than a graph or program was built for is refused, not cut short.
-TEST(PipelineGpuInputs, StepsWiderThanTheCapturedBatchAreRefused) {
-  ENCORE_REQUIRE_GPU();
-  std::unique_ptr<Pipeline> p;
-  ENCORE_OK(Pipeline::create(ModelConfig::tiny(), tiny_options(), p));
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  ENCORE_OK(p->fill_random_weights(test::fresh_seed(), stream));
+TEST_F(PipelineGpuInputs, StepsWiderThanTheCapturedBatchAreRefused) {
   ENCORE_OK(p->set_batch(2));
   DecodeGraph graph;
   ENCORE_OK(DecodeGraph::capture(*p, stream, graph));
@@ -554,7 +547,6 @@ TEST(PipelineGpuInputs, StepsWiderThanTheCapturedBatchAreRefused) {
   ENCORE_OK(mk.run(stream));
   CUDA_OK(cudaStreamSynchronize(stream));
   ENCORE_OK(p->read_errors(stream));
-  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 }  // namespace
