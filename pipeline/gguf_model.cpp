@@ -182,11 +182,11 @@ Status model_config_from_gguf(const gguf::File& f, ModelConfig* out) {
 }
 
 Status plan_gguf_weights(const gguf::File& f, const ModelConfig& config, const TensorArena& weights,
-                         std::vector<TensorSource>* out) {
+                         std::vector<TensorSource>* out, std::vector<Status>* refusals) {
   std::vector<TensorSource> plan;
-  const std::string requantise = " (a file whose projections are all Q4_K works: llama-quantize --pure IN OUT Q4_K)";
-  for (const TensorInfo& w : weights.tensors()) {
-    TensorSource src;
+  const std::string requantise = std::string(" (") + kQ4kFileAdvice + ")";
+  // One weight's source, or why the file cannot give it.
+  auto plan_one = [&](const TensorInfo& w, TensorSource& src) -> Status {
     src.name = w.name;
     const std::vector<std::int64_t> want = squeezed(w.dims, false);
     auto need = [&](const std::string& n) -> const gguf::TensorInfo* { return f.tensor(n); };
@@ -251,8 +251,21 @@ Status plan_gguf_weights(const gguf::File& f, const ModelConfig& config, const T
     } else {
       return Status(StatusCode::kInvalidFile, f.name() + ": tensor " + w.name + " is missing");
     }
-    plan.push_back(std::move(src));
+    return {};
+  };
+  Status first;
+  for (const TensorInfo& w : weights.tensors()) {
+    TensorSource src;
+    const Status s = plan_one(w, src);
+    if (s.ok()) {
+      plan.push_back(std::move(src));
+      continue;
+    }
+    if (first.ok()) first = s;
+    if (!refusals) return first;
+    refusals->push_back(s);
   }
+  if (!first.ok()) return first;
   *out = std::move(plan);
   return {};
 }

@@ -61,10 +61,22 @@ int run_info(const std::string& model_path) {
               c.moe.expert_width, c.moe.shared_experts, c.dense_width);
   pipeline::TensorArena weights;
   std::vector<pipeline::TensorSource> plan;
+  std::vector<Status> refusals;
   Status s = pipeline::build_weight_layout(c, weights);
-  if (s.ok()) s = pipeline::plan_gguf_weights(file, c, weights, &plan);
+  if (s.ok()) s = pipeline::plan_gguf_weights(file, c, weights, &plan, &refusals);
   if (!s.ok()) {
-    std::printf("refused       %s\n", s.to_string().c_str());
+    if (refusals.empty()) refusals.push_back(s);
+    // One line per tensor, without the file's name; the advice that repeats, once at the end.
+    const std::string advice = std::string(" (") + pipeline::kQ4kFileAdvice + ")";
+    bool advised = false;
+    std::printf("refused       %zu tensor(s):\n", refusals.size());
+    for (const Status& r : refusals) {
+      std::string line = r.message();
+      if (line.rfind(model_path + ": ", 0) == 0) line.erase(0, model_path.size() + 2);
+      if (const std::size_t at = line.find(advice); at != std::string::npos) line.erase(at, advice.size()), advised = true;
+      std::printf("              %s\n", line.c_str());
+    }
+    if (advised) std::printf("              (%s)\n", pipeline::kQ4kFileAdvice);
     return 1;
   }
   std::map<std::string, int> conversions;

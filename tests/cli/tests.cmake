@@ -22,6 +22,10 @@ if(TARGET encore_cli)
     add_test(NAME cli.generate_${kind} COMMAND ${CMAKE_COMMAND} -DENCORE=${encore_bin} -DMODEL=${tiny} -DPATH_KIND=${kind}
              -DOUT=${CMAKE_CURRENT_BINARY_DIR}/cli_logits_${kind}.bin -DVOCAB=512 -P ${CMAKE_CURRENT_LIST_DIR}/check_generate.cmake)
   endforeach()
+  add_test(NAME cli.info_lists_every_refusal COMMAND ${CMAKE_COMMAND} -DENCORE=${encore_bin} -DMODEL=${tiny}
+           -DOUT=${CMAKE_CURRENT_BINARY_DIR}/cli_tiny_f32.gguf -DWIDEN=${PROJECT_SOURCE_DIR}/bench/agree/widen.py
+           -P ${CMAKE_CURRENT_LIST_DIR}/check_info_refusals.cmake)
+  set_tests_properties(cli.info_lists_every_refusal PROPERTIES FIXTURES_REQUIRED cli_tiny SKIP_REGULAR_EXPRESSION "gguf-py not importable")
   set_tests_properties(cli.info cli.info_missing_file cli.info_not_gguf cli.generate_needs_prompt cli.generate_bad_id
                        cli.generate_id_outside_vocab cli.generate_bad_path cli.generate_bad_batch cli.generate_graph
                        cli.generate_megakernel PROPERTIES FIXTURES_REQUIRED cli_tiny)

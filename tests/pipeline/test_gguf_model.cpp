@@ -174,7 +174,9 @@ struct Parsed {
     configured = model_config_from_gguf(file, &config);
     if (configured.ok()) EXPECT_TRUE(build_weight_layout(config, weights).ok());
   }
-  Status plan(std::vector<TensorSource>* out) const { return plan_gguf_weights(file, config, weights, out); }
+  Status plan(std::vector<TensorSource>* out, std::vector<Status>* refusals = nullptr) const {
+    return plan_gguf_weights(file, config, weights, out, refusals);
+  }
 };
 
 TEST(GgufModel, ConfigFromKimiLinearMetadata) {
@@ -307,6 +309,31 @@ TEST(GgufModel, WeightRefusalsNameTheTensor) {
   refused("positive A", [](ModelFile& m) { m.ssm_a = 0.25f; }, StatusCode::kInvalidFile, "every value negative");
   refused("no k_b", [](ModelFile& m) { m.drop(layer_tensor(2, "attn_k_b.weight")); }, StatusCode::kInvalidFile,
           "needs blk.2.attn_k_b.weight and blk.2.attn_v_b.weight");
+}
+
+// Asked for every refusal, the plan goes on past the first: each Q6_K projection of a mixed file
+// (as llama-quantize's Q4_K_M makes) is named, and nothing is planned.
+TEST(GgufModel, EveryRefusalCanBeListed) {
+  ModelFile m;
+  m.find("output.weight")->type = TensorType::kQ6_K;
+  m.find(layer_tensor(1, "ffn_down_exps.weight"))->type = TensorType::kQ6_K;
+  m.drop(layer_tensor(3, "ssm_norm.weight"));
+  const Parsed p{m};
+  ENCORE_OK(p.configured);
+  std::vector<TensorSource> plan;
+  std::vector<Status> refusals;
+  const Status s = p.plan(&plan, &refusals);
+  ASSERT_EQ(refusals.size(), 3u);
+  EXPECT_EQ(s.message(), refusals[0].message());  // the first, in the arena's order
+  std::string all;
+  for (const Status& r : refusals) all += r.message() + "\n";
+  for (const char* needle : {"output.weight is Q6_K", "blk.1.ffn_down_exps.weight is Q6_K", "blk.3.ssm_norm.weight is missing"})
+    EXPECT_NE(all.find(needle), std::string::npos) << needle << " in\n" << all;
+  EXPECT_TRUE(plan.empty());
+  std::vector<Status> none;
+  ENCORE_OK(Parsed{ModelFile{}}.plan(&plan, &none));  // a good file: no refusals, a full plan
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(plan.size(), p.weights.tensors().size());
 }
 
 // The conversions on the host: log(-a), W_UK transposed back next to W_UV, fused rows, bf16 rounding.

@@ -17,6 +17,9 @@
 
 namespace encore::pipeline {
 
+// What a refused projection's message advises (in parentheses after the tensor and its type).
+inline constexpr const char* kQ4kFileAdvice = "a file whose projections are all Q4_K works: llama-quantize --pure IN OUT Q4_K";
+
 // Reads and checks every key the model needs (general.architecture must be "kimi-linear").
 Status model_config_from_gguf(const gguf::File& file, ModelConfig* out);
 
@@ -39,9 +42,11 @@ struct TensorSource {
 
 // The source of every tensor of `weights` (build_weight_layout(config)); kInvalidFile for a
 // missing tensor or a wrong shape, kUnsupported for a type encore does not run (naming the tensor,
-// its type, and `llama-quantize --pure IN OUT Q4_K` as the file that works).
+// its type, and `llama-quantize --pure IN OUT Q4_K` as the file that works). On error `out` is left
+// as it was; with `refusals`, every tensor is still planned and each refusal is appended (the first
+// is also the result), e.g. to list every Q6_K projection of a Q4_K_M file.
 Status plan_gguf_weights(const gguf::File& file, const ModelConfig& config, const TensorArena& weights,
-                         std::vector<TensorSource>* out);
+                         std::vector<TensorSource>* out, std::vector<Status>* refusals = nullptr);
 
 // One weight in encore's format (w.bytes bytes at `out`, host memory) from its source.
 Status convert_weight(const TensorSource& source, const TensorInfo& w, void* out);

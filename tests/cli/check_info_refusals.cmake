@@ -1,0 +1,15 @@
+# `encore info` on a file whose projections are F32 (the tiny file widened by gguf-py): it must fail
+# and name every refused projection, the head included. -DENCORE=... -DMODEL=... -DOUT=... -DWIDEN=...
+execute_process(COMMAND python3 ${WIDEN} ${MODEL} ${OUT} RESULT_VARIABLE widened OUTPUT_QUIET ERROR_QUIET)
+if(NOT widened EQUAL 0)
+  message(STATUS "gguf-py not importable (pip install gguf): skipped")
+  return()
+endif()
+execute_process(COMMAND ${ENCORE} info --model ${OUT} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+file(REMOVE ${OUT})
+string(REGEX MATCHALL "tensor [^ ]+ is F32" lines "${out}")
+list(LENGTH lines refused)
+if(rc EQUAL 0 OR refused LESS 40 OR NOT out MATCHES "tensor output.weight is F32")
+  message(FATAL_ERROR "encore info should refuse every F32 projection (rc ${rc}, ${refused} named):\n${out}${err}")
+endif()
+message(STATUS "refused ${refused} projections")
