@@ -6,7 +6,10 @@ ended last there. If that block arrived after the instruction's producers had en
 its previous instruction, and the walk steps back to that one. Otherwise the walk steps back to the
 instruction's latest producer. Each instruction on the path contributes "run" (the block's release
 to its signal) and "wait" (from the later of its producers' end and its own arrival, to its
-release). Prints both, summed per instruction kind (the name without its layer).
+release). Prints both, summed per instruction kind (the name without its layer). A second table
+gives, per kind, the arrival-to-release time of the blocks that arrived after their producers had
+ended: the body's prologue (weight copies started before the wait) plus one dependency check,
+time the graph path hides under the previous kernel with PDL.
 
     critical_path.py DIR/trace_b1_c4096      (the two CSVs' common prefix)
 """
@@ -72,6 +75,19 @@ def main():
     print("\n| instruction | on the path | run us | wait us |\n|---|---|---|---|")
     for name, (count, r, w) in sorted(totals.items(), key=lambda item: -(item[1][1] + item[1][2])):
         print(f"| {name} | {count} | {r:.1f} | {w:.1f} |")
+    prologues(instructions, blocks)
+
+
+def prologues(instructions, blocks):
+    times = collections.defaultdict(list)
+    for i, entries in blocks.items():
+        producers_end = max((instructions[p]["end"] for p in instructions[i]["producers"]), default=0.0)
+        for _, start, ready, _ in entries:
+            if start >= producers_end:
+                times[kind(instructions[i]["name"])].append(ready - start)
+    print("\n| instruction | blocks arriving after their producers | arrival -> release, median us |\n|---|---|---|")
+    for name, t in sorted(times.items(), key=lambda item: -sorted(item[1])[len(item[1]) // 2]):
+        print(f"| {name} | {len(t)} | {sorted(t)[len(t) // 2]:.2f} |")
 
 
 if __name__ == "__main__":
