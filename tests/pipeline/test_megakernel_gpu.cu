@@ -17,6 +17,7 @@
 #include <encore/pipeline/megakernel.h>
 #include <encore/pipeline/pipeline.h>
 
+#include "pipeline/graph_launch.h"
 #include "test_util.h"
 
 namespace encore::pipeline {
@@ -198,7 +199,7 @@ TEST_P(MegakernelGpu, RunsInsideACapturedGraph) {
   ENCORE_OK(Megakernel::build(*p, mk));
   const StepPlan plan{p->batch(), 4, 4};
   const std::size_t n = std::size_t(p->batch()) * p->config().vocab;
-  std::vector<float> direct(n), captured(n);
+  std::vector<float> direct(n);
   ENCORE_OK(p->set_step(plan.at(0, p->config())));
   ENCORE_OK(p->reset_state(stream));
   ENCORE_OK(mk.run(stream));
@@ -212,11 +213,7 @@ TEST_P(MegakernelGpu, RunsInsideACapturedGraph) {
   ENCORE_OK(run);
   cudaGraphExec_t exec = nullptr;
   CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
-  ENCORE_OK(p->reset_state(stream));
-  CUDA_OK(cudaMemsetAsync(const_cast<float*>(p->logits()), 0xFF, n * 4, stream));
-  CUDA_OK(cudaGraphLaunch(exec, stream));
-  CUDA_OK(cudaStreamSynchronize(stream));
-  CUDA_OK(cudaMemcpy(captured.data(), p->logits(), n * 4, cudaMemcpyDeviceToHost));
+  const std::vector<float> captured = logits_of_launch(*p, exec, stream, n);
   EXPECT_TRUE(test::bitwise_equal(direct.data(), captured.data(), n * 4));
   CUDA_OK(cudaGraphExecDestroy(exec));
   CUDA_OK(cudaGraphDestroy(g));

@@ -23,6 +23,7 @@
 #include <encore/pipeline/weight_layout.h>
 #include <encore/ref/pipeline.h>
 
+#include "pipeline/graph_launch.h"
 #include "test_util.h"
 
 namespace encore::pipeline {
@@ -477,7 +478,7 @@ TEST_F(PipelineGpuInputs, DecodeGraphRunsAsAChildNode) {
   ENCORE_OK(DecodeGraph::capture(*p, stream, graph));
   ENCORE_OK(p->set_step(step_inputs(0, p->config())));
   const std::size_t n = std::size_t(3) * p->config().vocab;
-  std::vector<float> direct(n), child(n);
+  std::vector<float> direct(n);
 
   ENCORE_OK(p->reset_state(stream));
   ENCORE_OK(graph.replay(stream));
@@ -490,11 +491,7 @@ TEST_F(PipelineGpuInputs, DecodeGraphRunsAsAChildNode) {
   ENCORE_OK(graph.add_as_child_node(parent, nullptr, 0, &node));
   cudaGraphExec_t exec;
   CUDA_OK(cudaGraphInstantiate(&exec, parent, 0));
-  ENCORE_OK(p->reset_state(stream));
-  CUDA_OK(cudaMemsetAsync(const_cast<float*>(p->logits()), 0xFF, n * 4, stream));
-  CUDA_OK(cudaGraphLaunch(exec, stream));
-  CUDA_OK(cudaStreamSynchronize(stream));
-  CUDA_OK(cudaMemcpy(child.data(), p->logits(), n * 4, cudaMemcpyDeviceToHost));
+  const std::vector<float> child = logits_of_launch(*p, exec, stream, n);
   EXPECT_TRUE(test::bitwise_equal(direct.data(), child.data(), n * 4));
   CUDA_OK(cudaGraphExecDestroy(exec));
   CUDA_OK(cudaGraphDestroy(parent));
