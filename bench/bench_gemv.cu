@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_util.h"
@@ -120,7 +121,7 @@ void bench_q4k(benchmark::State& state, Shape s, int batch, bool rotate, ops::Ge
              graph_calls(copies), bytes);
 }
 
-void bench_rmsnorm(benchmark::State& state, Shape s, int batch, bool fused) {
+void bench_rmsnorm(benchmark::State& state, Shape s, int batch, bool fused, ops::GemvCore core) {
   const double bytes = double(q4k::row_bytes(s.k)) * s.n;
   const int copies = rotation_count(std::size_t(bytes));
   Q4kWeights w(s.n, s.k, copies, 2);
@@ -135,10 +136,10 @@ void bench_rmsnorm(benchmark::State& state, Shape s, int batch, bool fused) {
       p.n = s.n;
       p.k = s.k;
       p.batch = batch;
-      check(ops::rmsnorm_q4k_gemv(p, st));
+      check(ops::rmsnorm_q4k_gemv(p, st, {true, core}));
     } else {
       rmsnorm_kernel<<<batch, 256, 0, st>>>(a.x.as<float>(), a.gamma.as<float>(), a.tmp.as<float>(), int(s.k), 1e-5f);
-      plain_gemv(w.copy(i), a.tmp.as<float>(), a.y.as<float>(), s, batch, st);
+      plain_gemv(w.copy(i), a.tmp.as<float>(), a.y.as<float>(), s, batch, st, core);
     }
   }, graph_calls(copies), bytes);
 }
@@ -225,18 +226,21 @@ void bench_cublaslt(benchmark::State& state, Shape s, int batch) {
     for (int b : kBatches) {
       const std::string tail = std::string(s.name) + "/b" + std::to_string(b);
       benchmark::RegisterBenchmark(("gemv/q4k/" + tail).c_str(), bench_q4k, s, b, true, ops::GemvCore::kAuto)->UseManualTime();
-      benchmark::RegisterBenchmark(("gemv/rmsnorm_q4k_fused/" + tail).c_str(), bench_rmsnorm, s, b, true)->UseManualTime();
-      benchmark::RegisterBenchmark(("gemv/rmsnorm_q4k_unfused/" + tail).c_str(), bench_rmsnorm, s, b, false)->UseManualTime();
+      benchmark::RegisterBenchmark(("gemv/rmsnorm_q4k_fused/" + tail).c_str(), bench_rmsnorm, s, b, true, ops::GemvCore::kAuto)->UseManualTime();
+      benchmark::RegisterBenchmark(("gemv/rmsnorm_q4k_unfused/" + tail).c_str(), bench_rmsnorm, s, b, false, ops::GemvCore::kAuto)->UseManualTime();
       if (s.gate_up) {
         benchmark::RegisterBenchmark(("gemv/gate_up_q4k_fused/" + tail).c_str(), bench_gate_up, s, b, true, ops::GemvCore::kAuto)->UseManualTime();
         benchmark::RegisterBenchmark(("gemv/gate_up_q4k_unfused/" + tail).c_str(), bench_gate_up, s, b, false, ops::GemvCore::kAuto)->UseManualTime();
       }
       benchmark::RegisterBenchmark(("gemv/cublaslt_bf16/" + tail).c_str(), bench_cublaslt, s, b)->UseManualTime();
-      if (b >= ops::kGemvMmaMinBatch) {  // the dp4a core where the mma core is the default
-        benchmark::RegisterBenchmark(("gemv/q4k_dp4a/" + tail).c_str(), bench_q4k, s, b, true, ops::GemvCore::kDp4a)->UseManualTime();
-        if (s.gate_up)
-          benchmark::RegisterBenchmark(("gemv/gate_up_q4k_fused_dp4a/" + tail).c_str(), bench_gate_up, s, b, true, ops::GemvCore::kDp4a)
-              ->UseManualTime();
+      if (b >= ops::kGemvMmaMinBatch) {  // the other cores where the int8 mma core is the default
+        for (auto [suffix, core] : {std::pair{"_dp4a", ops::GemvCore::kDp4a}, std::pair{"_f16", ops::GemvCore::kMmaF16}}) {
+          const std::string name = std::string(suffix) + "/" + tail;
+          benchmark::RegisterBenchmark(("gemv/q4k" + name).c_str(), bench_q4k, s, b, true, core)->UseManualTime();
+          benchmark::RegisterBenchmark(("gemv/rmsnorm_q4k_fused" + name).c_str(), bench_rmsnorm, s, b, true, core)->UseManualTime();
+          if (s.gate_up)
+            benchmark::RegisterBenchmark(("gemv/gate_up_q4k_fused" + name).c_str(), bench_gate_up, s, b, true, core)->UseManualTime();
+        }
       }
     }
   // llama.cpp's perf shape with the weights left L2-resident, as test-backend-ops times it.

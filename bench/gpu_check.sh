@@ -24,7 +24,7 @@ grep -E '\*\*\*Failed|Failure|actual:|out of bounds' "$out/ctest.log" | head -8
 # Small cases that reach every kernel of each area (the invalidated-capture test is left out:
 # it makes CUDA API errors on purpose).
 declare -A small=(
-  [gemv]='Shapes/*n37_k2304_b3:Shapes/*n37_k14336_b16:Shapes/Rms*n4096_k256_b16:Q4kGemvDeterminism*:Q4kGemvInPlace*'
+  [gemv]='Shapes/*n37_k2304_b3:Shapes/*n37_k14336_b16:Shapes/Rms*n4096_k256_b16:F16/*n37_k2304_b5_f16:F16/*n37_k256_b16_f16:F16Parts/*n37_k2304_b16_f16_p1:Cores/Q4kGemvDeterminism*:Q4kGemvInPlace*'
   [q4k]='Q4kDequantizeGpu.*'
   [kda]='KdaGpu.OneStep*:KdaGpu.SlotIsolationAndPadding:KdaGpu.BadSlotIdsLeaveStatesUntouched'
   [mla]='MlaGpu.MixedBatchAllHeadCounts:MlaGpu.AppendRopePositionsAndNopeCopy:MlaGpu.BadDeviceInputLeavesCacheUntouched'

@@ -31,16 +31,20 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm<NTOK, NMAT>) ge
   // The first `slots` weight copies of every warp are in flight before the wait for the
   // upstream kernel (weights never depend on it); the ring is the prefetch.
   device::PdlWait wait;
-  gemv::gemv_body<NTOK, NMAT, false>(p, device::GridRange{}, smem, wait);
+  gemv::gemv_body<NTOK, NMAT, gemv::Core::kDp4a>(p, device::GridRange{}, smem, wait);
 }
 
-// The int8 tensor-core core (8 or 16 tokens): row groups of kMmaTileRows rows, each group's K
-// split over its warps.
-template <int NTOK, int NMAT>
-__global__ void __launch_bounds__(kBlockThreads, 2) gemv_mma_kernel(const __grid_constant__ GemvTileParams p) {
+// The tensor-core cores (8 or 16 tokens): row groups of kMmaTileRows rows, each group's K split
+// over its warps. The fp16 core's per-block accumulators need more than half the register file
+// from 16 (token, matrix) pairs; at that size its activations leave room for one block per SM anyway.
+template <int NTOK, int NMAT, gemv::Core C>
+constexpr int kMmaMinBlocksPerSm = C == gemv::Core::kMmaF16 && NTOK * NMAT >= 16 ? 1 : 2;
+
+template <int NTOK, int NMAT, gemv::Core C>
+__global__ void __launch_bounds__(kBlockThreads, kMmaMinBlocksPerSm<NTOK, NMAT, C>) gemv_mma_kernel(const __grid_constant__ GemvTileParams p) {
   extern __shared__ __align__(16) char smem[];
   device::PdlWait wait;
-  gemv::gemv_body<NTOK, NMAT, true>(p, device::GridRange{}, smem, wait);
+  gemv::gemv_body<NTOK, NMAT, C>(p, device::GridRange{}, smem, wait);
 }
 
 // The token-count tier a batch runs in: the kernels are instantiated for 1, 2, 4, 8 and 16 tokens.
@@ -149,15 +153,22 @@ double mma_cost(const GemvTileParams& q, int per_sm, int sms) {
 
 int log2_parts(int parts) { return parts >= 8 ? 3 : parts >= 4 ? 2 : parts >= 2 ? 1 : 0; }
 
-bool plan_mma(GemvTileParams& p, int ntok, int nmat, int sms, int k_parts) {
+bool plan_mma(GemvTileParams& p, int ntok, int nmat, int sms, int k_parts, bool f16) {
   GemvTileParams q = p;
   q.mma = true;
+  q.mma_f16 = f16;
   q.rows_per_warp = gemv::kMmaTileRows;
   q.row_groups = 8;
-  q.slot_blocks = kMmaSlotBlocks;
   q.mma_part_bits = log2_parts(kWarpsPerBlock);
-  const int per_sm = plan_memory(q, ntok, nmat);
-  if (q.chunk_blocks < q.k_blocks || smem_bytes(q, ntok, nmat) > kSmemOnePerSm) return false;
+  // The fp16 core's activations (2 bytes a value) may leave room only for one-block slots.
+  int per_sm = 0;
+  bool fits = false;
+  for (int slot_blocks = kMmaSlotBlocks; slot_blocks >= (f16 ? 1 : kMmaSlotBlocks) && !fits; --slot_blocks) {
+    q.slot_blocks = slot_blocks;
+    per_sm = plan_memory(q, ntok, nmat);
+    fits = q.chunk_blocks >= q.k_blocks && smem_bytes(q, ntok, nmat) <= kSmemOnePerSm;
+  }
+  if (!fits) return false;
   if (k_parts > 0) {
     q.mma_part_bits = log2_parts(k_parts);
   } else {
@@ -175,11 +186,12 @@ bool plan_mma(GemvTileParams& p, int ntok, int nmat, int sms, int k_parts) {
   return true;
 }
 
-// Whether the mma core runs ntok tokens: from kGemvMmaMinBatch tokens (its 8 / 16 tiers) when
-// asked or by default, if its plan fits; sets p's plan then.
+// Whether a tensor-core core runs ntok tokens: from kGemvMmaMinBatch tokens (their 8 / 16 tiers):
+// the int8 one when asked or by default, the fp16 one when asked, if its plan fits; sets p's plan then.
 bool plan_mma_if_chosen(GemvTileParams& p, int ntok, int nmat, const GemvLaunch& launch, int sms) {
-  const bool wanted = launch.core == GemvCore::kMma || (launch.core == GemvCore::kAuto && p.batch >= kGemvMmaMinBatch);
-  return ntok >= 8 && wanted && plan_mma(p, ntok, nmat, sms, launch.mma_k_parts);
+  const bool f16 = launch.core == GemvCore::kMmaF16;
+  const bool wanted = f16 || launch.core == GemvCore::kMma || (launch.core == GemvCore::kAuto && p.batch >= kGemvMmaMinBatch);
+  return ntok >= 8 && wanted && plan_mma(p, ntok, nmat, sms, launch.mma_k_parts, f16);
 }
 
 // The device-dependent plan (row split, slots) of p for ntok tokens and its shared memory.
@@ -193,8 +205,9 @@ Status plan_launch(GemvTileParams& p, int ntok, int nmat, std::size_t& smem, con
 }
 
 Status check_options(const GemvLaunch& options) {
-  ENCORE_REQUIRE(options.core == GemvCore::kAuto || options.core == GemvCore::kDp4a || options.core == GemvCore::kMma,
-                 StatusCode::kInvalidArgument, "q4k gemv: GemvLaunch::core must be kAuto, kDp4a or kMma (got ",
+  ENCORE_REQUIRE(options.core == GemvCore::kAuto || options.core == GemvCore::kDp4a || options.core == GemvCore::kMma ||
+                     options.core == GemvCore::kMmaF16,
+                 StatusCode::kInvalidArgument, "q4k gemv: GemvLaunch::core must be kAuto, kDp4a, kMma or kMmaF16 (got ",
                  int(options.core), ")");
   ENCORE_REQUIRE(options.mma_k_parts == 0 || options.mma_k_parts == 1 || options.mma_k_parts == 2 || options.mma_k_parts == 4 ||
                      options.mma_k_parts == 8,
@@ -217,9 +230,14 @@ Status plan_params(GemvTileParams p, int nmat, const GemvLaunch& options, int sm
 
 template <int kTok>
 auto kernel_of(const gemv::GemvPlan& plan) {
+  using gemv::Core;
   auto kernel = plan.matrices == 2 ? gemv_kernel<kTok, 2> : gemv_kernel<kTok, 1>;
-  if constexpr (kTok >= 8)
-    if (plan.params.mma) kernel = plan.matrices == 2 ? gemv_mma_kernel<kTok, 2> : gemv_mma_kernel<kTok, 1>;
+  if constexpr (kTok >= 8) {
+    if (gemv::core_of(plan.params) == Core::kMmaS8)
+      kernel = plan.matrices == 2 ? gemv_mma_kernel<kTok, 2, Core::kMmaS8> : gemv_mma_kernel<kTok, 1, Core::kMmaS8>;
+    if (gemv::core_of(plan.params) == Core::kMmaF16)
+      kernel = plan.matrices == 2 ? gemv_mma_kernel<kTok, 2, Core::kMmaF16> : gemv_mma_kernel<kTok, 1, Core::kMmaF16>;
+  }
   return kernel;
 }
 
@@ -334,7 +352,8 @@ GemvCore q4k_gemv_core(std::int64_t k, int batch, int num_matrices, GemvCore req
   p.batch = batch;
   GemvLaunch launch;
   launch.core = requested;
-  return plan_mma_if_chosen(p, token_tier(batch), num_matrices, launch, 1) ? GemvCore::kMma : GemvCore::kDp4a;
+  if (!plan_mma_if_chosen(p, token_tier(batch), num_matrices, launch, 1)) return GemvCore::kDp4a;
+  return p.mma_f16 ? GemvCore::kMmaF16 : GemvCore::kMma;
 }
 
 Status q4k_gemv_validate(const Q4kGemvParams& a) {

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <thread>
+
+#include "q4k/activation_f16_layout.h"
 
 namespace encore::ref {
 namespace {
@@ -138,6 +141,62 @@ void q4k_gemv_int8(const q4k::Block* w, std::int64_t n, std::int64_t k, const In
           acc += d * sc[s] * act.scales[base / 32] * double(dot) - dmin * m[s] * act.sums[base / 16 + h];
         }
       }
+    }
+    y[r] = acc;
+  });
+}
+
+F16Activations quantize_activations_f16(const float* v, std::int64_t k) {
+  F16Activations a;
+  a.values.resize(k);
+  a.block_scale.resize(k / 256);
+  a.sum_hi.resize(k / 32);
+  a.sum_lo.resize(k / 32);
+  auto round_half = [](float f) { return q4k::half_to_float(q4k::float_to_half(f)); };
+  for (std::int64_t b = 0; b < k / 256; ++b) {
+    const float* x = v + 256 * b;
+    float amax = 0.f;
+    for (int i = 0; i < 256; ++i) amax = std::max(amax, std::fabs(x[i]));
+    std::uint32_t bits;
+    std::memcpy(&bits, &amax, 4);
+    const int s = q4k::f16_scale_exponent(int((bits >> 23) & 0xFF));
+    const float up = std::ldexp(1.f, s);
+    a.block_scale[b] = std::ldexp(1.f, -s);
+    for (int i = 0; i < 256; ++i) a.values[256 * b + i] = round_half(x[i] * up);
+    for (int j = 0; j < 8; ++j) {
+      float lane_sum[4];  // the kernel's order: 8 values per lane, then a butterfly over 4 lanes
+      for (int l = 0; l < 4; ++l) {
+        lane_sum[l] = 0.f;
+        for (int i = 0; i < 8; ++i) lane_sum[l] += a.values[256 * b + 32 * j + 8 * l + i];
+      }
+      const float sum = (lane_sum[0] + lane_sum[1]) + (lane_sum[2] + lane_sum[3]);
+      const float scaled = sum * (1.f / 32.f);
+      a.sum_hi[8 * b + j] = round_half(scaled);
+      a.sum_lo[8 * b + j] = round_half(scaled - a.sum_hi[8 * b + j]);
+    }
+  }
+  return a;
+}
+
+void q4k_gemv_f16(const q4k::Block* w, std::int64_t n, std::int64_t k, const F16Activations& act, double* y) {
+  const std::int64_t blocks = k / q4k::kBlockValues;
+  parallel_rows(n, [&](std::int64_t r, std::vector<float>&) {
+    double acc = 0;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const q4k::Block& blk = w[r * blocks + b];
+      std::uint8_t sc[8], m[8];
+      q4k::unpack_scales(blk, sc, m);
+      const double d = q4k::half_to_float(blk.d), dmin = q4k::half_to_float(blk.dmin);
+      double dot = 0, mins = 0;
+      for (int s = 0; s < 8; ++s) {
+        for (int i = 0; i < 32; ++i) {
+          const std::uint8_t byte = blk.qs[32 * (s / 2) + i];
+          const int q = (s % 2 == 0) ? (byte & 0x0F) : (byte >> 4);
+          dot += double(sc[s] * q) * act.values[b * 256 + 32 * s + i];
+        }
+        mins += 32.0 * m[s] * (double(act.sum_hi[8 * b + s]) + double(act.sum_lo[8 * b + s]));
+      }
+      acc += double(act.block_scale[b]) * (d * dot - dmin * mins);
     }
     y[r] = acc;
   });

@@ -18,7 +18,10 @@
 // blocks at a time; when one chunk holds all of K, a block that runs several tiles keeps them.
 //
 // From 5 tokens the launcher picks the int8 tensor-core body instead (gemv_tile_mma, q4k_mma.cuh):
-// the same weight rings and activations, one mma.sync.m16n8k32 per sub-block and 8 tokens.
+// the same weight rings and activations, one mma.sync.m16n8k32 per sub-block and 8 tokens. The
+// fp16 tensor-core body (gemv_tile_mma_f16, q4k_mma_f16.cuh; GemvCore::kMmaF16) shares its row
+// groups and rings but quantises the activations to scaled fp16 (activation_f16.cuh) and applies
+// the scales once per block instead of once per sub-block.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +34,7 @@
 #include "common/smem_allocator.cuh"
 #include "q4k/activation_q8.cuh"
 #include "q4k/q4k_mma.cuh"
+#include "q4k/q4k_mma_f16.cuh"
 #include "q4k/q4k_stream.cuh"
 
 namespace encore::gemv {
@@ -62,8 +66,9 @@ struct GemvTileParams {
   int slot_blocks;           // K blocks per ring slot: slot_blocks_for(G, RL, matrices)
   int slots;                 // ring depth per warp, 2..kMaxSlots (launchers plan up to kLaunchMaxSlots)
   int chunk_blocks;           // K blocks quantised per shared-memory pass (k_blocks, or a multiple of slot_blocks)
-  bool mma;                   // int8 tensor-core core: row groups of kMmaTileRows rows, K split over the warps
-  int mma_part_bits;          // mma core: log2 of the warps per row group (K parts: 1, 2, 4 or 8)
+  bool mma;                   // a tensor-core core: row groups of kMmaTileRows rows, K split over the warps
+  bool mma_f16;               // with mma: the fp16 core (fp16 activations, sc * q weights), else int8
+  int mma_part_bits;          // mma cores: log2 of the warps per row group (K parts: 1, 2, 4 or 8)
 };
 
 inline constexpr int kMaxTokens = 16;
@@ -119,14 +124,26 @@ struct GemvSmem {
   float* inv_rms;
   int chunk_blocks, ring_bytes_per_warp, slot_size;
 
-  __host__ __device__ GemvSmem(char* base, const GemvTileParams& p, int ntok, int nmat) {
+  // f16: the fp16 core's activation format (p.mma && p.mma_f16); the bodies pass it as a constant.
+  __host__ __device__ GemvSmem(char* base, const GemvTileParams& p, int ntok, int nmat)
+      : GemvSmem(base, p, ntok, nmat, p.mma && p.mma_f16) {}
+  __host__ __device__ GemvSmem(char* base, const GemvTileParams& p, int ntok, int nmat, bool f16_format) {
     device::SmemAllocator a(base);
     bars = a.take<std::uint64_t>(kWarpsPerBlock * p.slots);
     slot_size = slot_bytes(nmat, p.rows_per_warp, p.slot_blocks);
     ring_bytes_per_warp = p.slots * slot_size;
     ring = a.take<char>(std::size_t(kWarpsPerBlock) * ring_bytes_per_warp);
     chunk_blocks = p.chunk_blocks;
-    act = a.take<char>(std::size_t(ntok) * chunk_blocks * kActStride);
+    f16 = f16_format;
+    if (f16) {
+      f16_token_pitch = chunk_blocks * q4k::kF16ValueBlockBytes + q4k::kF16TokenPad;
+      act = a.take<char>(std::size_t(ntok) * f16_token_pitch, 128);
+      f16_sums = a.take<char>(std::size_t(chunk_blocks) * ntok * q4k::kF16SumsBytes);
+      f16_scales = a.take<float>(std::size_t(chunk_blocks) * ntok);
+    } else {
+      act = a.take<char>(std::size_t(ntok) * chunk_blocks * kActStride);
+    }
+    ntok_ = ntok;
     block_ss = a.take<float>(std::size_t(ntok) * chunk_blocks);
     total_ss = a.take<float>(kMaxTokens);
     inv_rms = a.take<float>(kMaxTokens);
@@ -136,7 +153,19 @@ struct GemvSmem {
   }
   float* partials;
   std::size_t bytes;
+  // fp16 core: values [token][block] (token rows f16_token_pitch apart), sums and scales [block][token].
+  bool f16 = false;
+  int f16_token_pitch = 0, ntok_ = 0;
+  char* f16_sums = nullptr;
+  float* f16_scales = nullptr;
   __device__ char* act_block(int token, int j) const { return act + (std::size_t(token) * chunk_blocks + j) * kActStride; }
+  __device__ char* f16_values(int token, int j) const {
+    return act + std::size_t(token) * f16_token_pitch + std::size_t(j) * q4k::kF16ValueBlockBytes;
+  }
+  __device__ char* f16_sums_of(int token, int j) const {
+    return f16_sums + (std::size_t(j) * ntok_ + token) * q4k::kF16SumsBytes;
+  }
+  __device__ float* f16_scale_of(int token, int j) const { return f16_scales + std::size_t(j) * ntok_ + token; }
 };
 
 // The per-warp weight ring. The producer cursor walks the same (tile, slot) sequence the block
@@ -219,7 +248,8 @@ namespace detail {
 
 // Quantises K blocks [kb0, kb0 + nbc) of every active token into shared memory, and (with a norm)
 // each block's sum(x^2). A warp takes (token, block) tasks round robin, four tasks' loads in flight
-// at once so the prologue costs about one L2 round trip per four tasks.
+// at once so the prologue costs about one L2 round trip per four tasks. F16: the fp16 core's format.
+template <bool F16 = false>
 __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0, int nbc, const GemvSmem& s) {
   constexpr int kTasksInFlight = 4;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -251,7 +281,10 @@ __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0,
         v[u][0] *= ga.x, v[u][1] *= ga.y, v[u][2] *= ga.z, v[u][3] *= ga.w;
         v[u][4] *= gb.x, v[u][5] *= gb.y, v[u][6] *= gb.z, v[u][7] *= gb.w;
       }
-      q4k::quantize_act_block(v[u], s.act_block(t, j));
+      if constexpr (F16)
+        q4k::quantize_act_block_f16(v[u], s.f16_values(t, j), s.f16_sums_of(t, j), s.f16_scale_of(t, j));
+      else
+        q4k::quantize_act_block(v[u], s.act_block(t, j));
     }
   }
 }
@@ -302,9 +335,10 @@ __device__ __forceinline__ void store_normalized(const GemvTileParams& p, const 
 }
 
 // Quantises chunk [kb0, kb0 + nbc) of the activations (and its RMS sums) unless they are cached.
+template <bool F16 = false>
 __device__ __forceinline__ void load_chunk(const GemvTileParams& p, int kb0, int nbc, const GemvSmem& s) {
   __syncthreads();  // the previous chunk's readers are done
-  quantize_chunk(p, kb0, nbc, s);
+  quantize_chunk<F16>(p, kb0, nbc, s);
   __syncthreads();
   if (p.gamma) {
     accumulate_rms(p, kb0, nbc, s);
@@ -319,6 +353,21 @@ __device__ __forceinline__ void zero_missing_tokens(const GemvTileParams& p, int
   const int vectors = (ntok - p.batch) * s.chunk_blocks * kActStride / 16;
   int4* first = reinterpret_cast<int4*>(s.act_block(p.batch, 0));
   for (int i = threadIdx.x; i < vectors; i += kBlockThreads) first[i] = make_int4(0, 0, 0, 0);
+  __syncthreads();
+}
+
+// The same for the fp16 core's format: zero values, sums and scales for tokens batch..ntok-1.
+__device__ __forceinline__ void zero_missing_tokens_f16(const GemvTileParams& p, int ntok, const GemvSmem& s) {
+  const int value_vectors = (ntok - p.batch) * s.f16_token_pitch / 16;
+  int4* first = reinterpret_cast<int4*>(s.f16_values(p.batch, 0));
+  for (int i = threadIdx.x; i < value_vectors; i += kBlockThreads) first[i] = make_int4(0, 0, 0, 0);
+  const int missing = ntok - p.batch, entries = s.chunk_blocks * missing;
+  for (int i = threadIdx.x; i < entries; i += kBlockThreads) {
+    const int token = p.batch + i % missing, j = i / missing;
+    int4* sums = reinterpret_cast<int4*>(s.f16_sums_of(token, j));
+    sums[0] = sums[1] = make_int4(0, 0, 0, 0);
+    *s.f16_scale_of(token, j) = 0.f;
+  }
   __syncthreads();
 }
 
@@ -416,6 +465,48 @@ __device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, const Gemv
   detail::store_normalized(p, s, tile);
 }
 
+namespace detail {
+
+// The mma cores' epilogue: lane (g, t) of warp w holds, per matrix and 8-token tile, element e =
+// (row g + 8 (e / 2), token 2t + e % 2) of its row group's sum over its K part. The parts' sums
+// meet in shared memory and are added in part order, then stored.
+template <int NTOK, int NMAT>
+__device__ __forceinline__ void store_mma_sums(const GemvTileParams& p, const GemvSmem& s, std::int64_t tile,
+                                               const float (&acc)[NMAT][NTOK / 8][4], int parts) {
+  constexpr int kTokenTiles = NTOK / 8, kRows = kMmaTileRows, kSums = NMAT * kTokenTiles * 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // The parts' partial sums, added in part order: [warp][sum][lane]. (A warp-local epilogue for one
+  // part, without the block barriers, spilled 16 bytes in gemv_mma_kernel<16, 2>.)
+  __syncthreads();  // the previous tile's readers of `partials` are done
+  float* mine = s.partials + std::size_t(warp) * kSums * 32;
+#pragma unroll
+  for (int m = 0; m < NMAT; ++m)
+#pragma unroll
+    for (int nt = 0; nt < kTokenTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mine[((m * kTokenTiles + nt) * 4 + e) * 32 + lane] = acc[m][nt][e];
+  __syncthreads();
+  // Item i: element e of token tile nt held by lane l of row group rg (row g + 8 (e / 2), token
+  // 2 (l % 4) + e % 2 of the tile), every matrix.
+  constexpr int kGroupItems = kTokenTiles * 4 * 32;
+  for (int i = threadIdx.x; i < (kWarpsPerBlock / parts) * kGroupItems; i += kBlockThreads) {
+    const int l = i % 32, e = (i / 32) % 4, nt = (i / (4 * 32)) % kTokenTiles, rg = i / kGroupItems;
+    float sum[NMAT];
+#pragma unroll
+    for (int m = 0; m < NMAT; ++m) {
+      sum[m] = 0.f;
+#pragma unroll 4
+      for (int q = 0; q < parts; ++q)  // several loads in flight (a full unroll spilled in gemv_mma_kernel<16, 2>)
+        sum[m] += s.partials[(std::size_t(rg * parts + q) * kSums + (m * kTokenTiles + nt) * 4 + e) * 32 + l];
+    }
+    const std::int64_t row = tile * tile_rows(p) + rg * kRows + l / 4 + 8 * (e / 2);
+    const int token = nt * 8 + 2 * (l % 4) + e % 2;
+    if (row < p.n && token < p.batch) detail::store_output(p, s, row, token, sum[0], sum[NMAT - 1]);
+  }
+}
+
+}  // namespace detail
+
 // The int8 tensor-core body (q4k_mma.cuh) for 5..16 tokens. A tile is kWarpsPerBlock >> mma_part_bits
 // row groups of kMmaTileRows rows of each matrix; warp w streams the rows of its group
 // (mma_row_group) over its K part (mma_k_begin / mma_k_end), and lane (g, t) holds rows g and g + 8
@@ -425,7 +516,7 @@ __device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, const Gemv
 template <int NTOK, int NMAT>
 __device__ void gemv_tile_mma(const GemvTileParams& p, std::int64_t tile, const GemvSmem& s, TileState& state) {
   static_assert(NTOK % 8 == 0, "the mma core takes 8-token tiles");
-  constexpr int kTokenTiles = NTOK / 8, kRows = kMmaTileRows, kSums = NMAT * kTokenTiles * 4;
+  constexpr int kTokenTiles = NTOK / 8, kRows = kMmaTileRows;
   WeightPipe& pipe = state.pipe;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   // The dp4a core's padded pitch also serves the mma lanes (an unpadded one was no faster).
@@ -492,49 +583,150 @@ __device__ void gemv_tile_mma(const GemvTileParams& p, std::int64_t tile, const 
     detail::fill_next_slot<NMAT, true>(p, pipe, policy);
   }
 
-  // The parts' partial sums, added in part order: [warp][sum][lane]. (A warp-local epilogue for one
-  // part, without the block barriers, spilled 16 bytes in gemv_mma_kernel<16, 2>.)
-  __syncthreads();  // the previous tile's readers of `partials` are done
-  float* mine = s.partials + std::size_t(warp) * kSums * 32;
+  detail::store_mma_sums<NTOK, NMAT>(p, s, tile, acc, parts);
+  detail::store_normalized(p, s, tile);
+}
+
+// The fp16 tensor-core body (q4k_mma_f16.cuh, docs/q4k.md §9.2) for 5..16 tokens: the int8 mma
+// body's row groups, K parts, rings and epilogue; per K block, lane (g, t) dequantises its 32 code
+// bytes of rows g and g + 8 into sc * q once for every token, runs 16 m16n8k16 steps per 8-token
+// tile (two accumulator chains, one per nibble) and the min term's two m16n8k8 steps, then scales
+// the block's sums once. Needs all of K's activations in one chunk.
+template <int NTOK, int NMAT>
+__device__ void gemv_tile_mma_f16(const GemvTileParams& p, std::int64_t tile, const GemvSmem& s, TileState& state) {
+  static_assert(NTOK % 8 == 0, "the mma core takes 8-token tiles");
+  constexpr int kTokenTiles = NTOK / 8, kRows = kMmaTileRows;
+  WeightPipe& pipe = state.pipe;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int pitch = q4k::slot_pitch(p.slot_blocks);
+  const std::uint64_t policy = q4k::evict_first_policy();
+  if (!state.act_cached) {
+    detail::load_chunk<true>(p, 0, p.k_blocks, s);
+    detail::zero_missing_tokens_f16(p, NTOK, s);
+  }
+  state.act_cached = true;
+
+  float acc[NMAT][kTokenTiles][4];
 #pragma unroll
   for (int m = 0; m < NMAT; ++m)
 #pragma unroll
     for (int nt = 0; nt < kTokenTiles; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) mine[((m * kTokenTiles + nt) * 4 + e) * 32 + lane] = acc[m][nt][e];
-  __syncthreads();
-  // Item i: element e of token tile nt held by lane l of row group rg (row g + 8 (e / 2), token
-  // 2 (l % 4) + e % 2 of the tile), every matrix.
-  constexpr int kGroupItems = kTokenTiles * 4 * 32;
-  for (int i = threadIdx.x; i < (kWarpsPerBlock / parts) * kGroupItems; i += kBlockThreads) {
-    const int l = i % 32, e = (i / 32) % 4, nt = (i / (4 * 32)) % kTokenTiles, rg = i / kGroupItems;
-    float sum[NMAT];
+      for (int e = 0; e < 4; ++e) acc[m][nt][e] = 0.f;
+
+  const int parts = 1 << p.mma_part_bits, k_end = mma_k_end(p, warp);
+  for (int ks0 = mma_k_begin(p, warp); ks0 < k_end; ks0 += p.slot_blocks) {
+    const int nb = min(p.slot_blocks, k_end - ks0);
+    const std::uint32_t slot = pipe.consumed % std::uint32_t(p.slots);
+    device::barrier_wait(&pipe.bars[slot], (pipe.consumed / std::uint32_t(p.slots)) & 1u);
+    const char* slot_data = pipe.ring + slot * pipe.slot_size;
+    for (int jb = 0; jb < nb; ++jb) {
+      const int kb = ks0 + jb;
+      // This lane's rows (g, g + 8) of every matrix: codes, dequantisation constants, the min
+      // term's A fragment {32 m_2t, 32 m_2t+1}.
+      const char* rows[NMAT][2];
+      q4k::RowDequant dq[NMAT][2];
+      std::uint32_t a_min[NMAT][2];
+      float d[NMAT][2], dmin[NMAT][2];
 #pragma unroll
-    for (int m = 0; m < NMAT; ++m) {
-      sum[m] = 0.f;
-#pragma unroll 4
-      for (int q = 0; q < parts; ++q)  // several loads in flight (a full unroll spilled in gemv_mma_kernel<16, 2>)
-        sum[m] += s.partials[(std::size_t(rg * parts + q) * kSums + (m * kTokenTiles + nt) * 4 + e) * 32 + l];
+      for (int m = 0; m < NMAT; ++m)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          rows[m][r] = slot_data + (m * kRows + g + 8 * r) * pitch + jb * q4k::kBlockBytes;
+          const q4k::PairCodes c = q4k::pair_codes(*reinterpret_cast<const uint4*>(rows[m][r]), t);
+          dq[m][r] = q4k::row_dequant(c);
+          a_min[m][r] = q4k::half2_bits(32.f * float(c.m & 0xFF), 32.f * float((c.m >> 8) & 0xFF));
+          d[m][r] = c.d;
+          dmin[m][r] = c.dmin;
+        }
+      float sums[NMAT][kTokenTiles][2][4], mins[NMAT][kTokenTiles][4];
+#pragma unroll
+      for (int m = 0; m < NMAT; ++m)
+#pragma unroll
+        for (int nt = 0; nt < kTokenTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sums[m][nt][0][e] = sums[m][nt][1][e] = mins[m][nt][e] = 0.f;
+
+      // Words u = 4 half + 0..3 of the lane's chunk: one 16-byte load per row and half.
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        uint4 words[NMAT][2];
+#pragma unroll
+        for (int m = 0; m < NMAT; ++m)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            words[m][r] = *reinterpret_cast<const uint4*>(rows[m][r] + 16 + 32 * t + 16 * half);
+#pragma unroll
+        for (int uu = 0; uu < 4; ++uu) {
+          const int u = 4 * half + uu;
+          uint4 b[kTokenTiles];  // {h = 0: b0b1, b2b3; h = 1: b0b1, b2b3} of token nt * 8 + g
+#pragma unroll
+          for (int nt = 0; nt < kTokenTiles; ++nt)
+            b[nt] = *reinterpret_cast<const uint4*>(s.f16_values(nt * 8 + g, kb) + q4k::f16_value_offset(u, t, 0));
+#pragma unroll
+          for (int m = 0; m < NMAT; ++m) {
+            std::uint32_t f[2][2][2];  // [row][nibble][register]
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const uint4& w4 = words[m][r];
+              const std::uint32_t w = uu == 0 ? w4.x : uu == 1 ? w4.y : uu == 2 ? w4.z : w4.w;
+              q4k::dequant_word(w, dq[m][r], f[r]);
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const std::uint32_t a[4] = {f[0][h][0], f[1][h][0], f[0][h][1], f[1][h][1]};
+#pragma unroll
+              for (int nt = 0; nt < kTokenTiles; ++nt)
+                q4k::mma_f16_16816(sums[m][nt][h], a, h == 0 ? b[nt].x : b[nt].z, h == 0 ? b[nt].y : b[nt].w);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < kTokenTiles; ++nt) {
+        const uint2 sm = *reinterpret_cast<const uint2*>(s.f16_sums_of(nt * 8 + g, kb) + 8 * t);
+        const float2 scale = *reinterpret_cast<const float2*>(s.f16_scale_of(nt * 8 + 2 * t, kb));
+#pragma unroll
+        for (int m = 0; m < NMAT; ++m) {
+          q4k::mma_f16_1688(mins[m][nt], a_min[m], sm.x);
+          q4k::mma_f16_1688(mins[m][nt], a_min[m], sm.y);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float dot = sums[m][nt][0][e] + sums[m][nt][1][e];
+            acc[m][nt][e] += (e % 2 ? scale.y : scale.x) * (d[m][e / 2] * dot - dmin[m][e / 2] * mins[m][nt][e]);
+          }
+        }
+      }
     }
-    const std::int64_t row = tile * tile_rows(p) + rg * kRows + l / 4 + 8 * (e / 2);
-    const int token = nt * 8 + 2 * (l % 4) + e % 2;
-    if (row < p.n && token < p.batch) detail::store_output(p, s, row, token, sum[0], sum[NMAT - 1]);
+    __syncwarp();  // every lane is done with the buffer before it is refilled
+    ++pipe.consumed;
+    detail::fill_next_slot<NMAT, true>(p, pipe, policy);
   }
+  detail::store_mma_sums<NTOK, NMAT>(p, s, tile, acc, parts);
   detail::store_normalized(p, s, tile);
 }
 
 // The GEMV body (common/body.cuh): every warp's weight ring starts on the block's tiles (weights
 // only), then the wait, the tiles, and (when another body follows) the ring's barriers are
-// invalidated: every copy the ring issued was consumed. MMA: the int8 tensor-core core (NTOK >= 8).
-template <int NTOK, int NMAT, bool MMA, class Range, class Wait>
+// invalidated: every copy the ring issued was consumed. C: the core, whose plan p must be (the
+// tensor-core cores take NTOK >= 8).
+enum class Core { kDp4a, kMmaS8, kMmaF16 };
+__host__ __device__ inline Core core_of(const GemvTileParams& p) {
+  return !p.mma ? Core::kDp4a : p.mma_f16 ? Core::kMmaF16 : Core::kMmaS8;
+}
+
+template <int NTOK, int NMAT, Core C, class Range, class Wait>
 __device__ void gemv_body(const GemvTileParams& p, const Range& r, char* smem, Wait& wait) {
-  const GemvSmem s(smem, p, NTOK, NMAT);
+  constexpr bool kMma = C != Core::kDp4a;
+  const GemvSmem s(smem, p, NTOK, NMAT, C == Core::kMmaF16);
   const std::int64_t tiles = num_tiles(p);
   TileState state;
-  state.pipe = start_weight_pipe<NMAT, MMA>(p, s, r.first(), r.stride());
+  state.pipe = start_weight_pipe<NMAT, kMma>(p, s, r.first(), r.stride());
   wait();
   for (std::int64_t tile = r.first(); tile < tiles; tile += r.stride()) {
-    if constexpr (MMA)
+    if constexpr (C == Core::kMmaF16)
+      gemv_tile_mma_f16<NTOK, NMAT>(p, tile, s, state);
+    else if constexpr (C == Core::kMmaS8)
       gemv_tile_mma<NTOK, NMAT>(p, tile, s, state);
     else
       gemv_tile<NTOK, NMAT, rows_per_group(NTOK, NMAT)>(p, tile, s, state);

@@ -17,22 +17,34 @@ struct SubBlockPair {
   float min_lo, min_hi;      // dmin * m[2p], dmin * m[2p+1]
 };
 
-// `header` = the block's first 16 bytes as four words: {d|dmin, S[0..3], S[4..7], S[8..11]}.
-// Branch-free decode of the 6-bit scale/min pair p (0..3), ggml's 16-bit-word trick.
-__device__ __forceinline__ SubBlockPair decode_pair(const uint4& header, int p) {
+// The 6-bit codes of sub-blocks 2p (byte 0) and 2p + 1 (byte 1) and the block's d, dmin.
+// `header` = the block's first 16 bytes as four words: {d|dmin, S[0..3], S[4..7], S[8..11]};
+// branch-free in p (0..3): ggml's 16-bit-word trick.
+struct PairCodes {
+  std::uint32_t sc, m;
+  float d, dmin;
+};
+__device__ __forceinline__ PairCodes pair_codes(const uint4& header, int p) {
   const int k = p & 1;  // which 16-bit half of a word
   const std::uint32_t s03 = header.y >> (16 * k), s47 = header.z >> (16 * k), s811 = header.w >> (16 * k);
-  std::uint32_t sc, m;
+  PairCodes c;
   if (p < 2) {
-    sc = s03 & 0x3F3F;
-    m = s47 & 0x3F3F;
+    c.sc = s03 & 0x3F3F;
+    c.m = s47 & 0x3F3F;
   } else {
-    sc = (s811 & 0x0F0F) | ((s03 & 0xC0C0) >> 2);
-    m = ((s811 >> 4) & 0x0F0F) | ((s47 & 0xC0C0) >> 2);
+    c.sc = (s811 & 0x0F0F) | ((s03 & 0xC0C0) >> 2);
+    c.m = ((s811 >> 4) & 0x0F0F) | ((s47 & 0xC0C0) >> 2);
   }
   const __half2 dm = *reinterpret_cast<const __half2*>(&header.x);
-  const float d = __low2float(dm), dmin = __high2float(dm);
-  return {d * float(sc & 0xFF), d * float(sc >> 8), dmin * float(m & 0xFF), dmin * float(m >> 8)};
+  c.d = __low2float(dm);
+  c.dmin = __high2float(dm);
+  return c;
+}
+
+// The scale/min pair p as floats.
+__device__ __forceinline__ SubBlockPair decode_pair(const uint4& header, int p) {
+  const PairCodes c = pair_codes(header, p);
+  return {c.d * float(c.sc & 0xFF), c.d * float(c.sc >> 8), c.dmin * float(c.m & 0xFF), c.dmin * float(c.m >> 8)};
 }
 
 // Low / high nibbles of a 32-bit word of codes, as four bytes 0..15 (dp4a operands).

@@ -135,19 +135,20 @@ __device__ __forceinline__ int lane_of(const KernelArgs& a, const Header& h, int
 
 template <int NTOK, class Wait>
 __device__ void run_gemv(const GemvOp& op, const TileRange& r, char* smem, Wait& wait) {
+  using gemv::Core;
   const gemv::GemvTileParams& p = op.p;
-  if constexpr (NTOK >= 8)
-    if (p.mma) {
-      if (op.matrices == 2)
-        gemv::gemv_body<NTOK, 2, true>(p, r, smem, wait);
-      else
-        gemv::gemv_body<NTOK, 1, true>(p, r, smem, wait);
-      return;
-    }
+  if constexpr (NTOK >= 8) {
+    if (gemv::core_of(p) == Core::kMmaS8)
+      return op.matrices == 2 ? gemv::gemv_body<NTOK, 2, Core::kMmaS8>(p, r, smem, wait)
+                              : gemv::gemv_body<NTOK, 1, Core::kMmaS8>(p, r, smem, wait);
+    if (gemv::core_of(p) == Core::kMmaF16)
+      return op.matrices == 2 ? gemv::gemv_body<NTOK, 2, Core::kMmaF16>(p, r, smem, wait)
+                              : gemv::gemv_body<NTOK, 1, Core::kMmaF16>(p, r, smem, wait);
+  }
   if (op.matrices == 2)
-    gemv::gemv_body<NTOK, 2, false>(p, r, smem, wait);
+    gemv::gemv_body<NTOK, 2, Core::kDp4a>(p, r, smem, wait);
   else
-    gemv::gemv_body<NTOK, 1, false>(p, r, smem, wait);
+    gemv::gemv_body<NTOK, 1, Core::kDp4a>(p, r, smem, wait);
 }
 
 template <int P, class Wait>

@@ -2,9 +2,9 @@
 // inputs, NaN-poisoned outputs. Checks per case:
 //   * every element vs ref::<op> (exact activations, dequantised weights, double) within the
 //     provable int8-activation bound of ref::q4k_gemv_error_model plus 1e-5 x the row's magnitude;
-//   * every element vs ref::q4k_gemv_int8 (the kernel's own int8 arithmetic in double) within
-//     1e-5 x the row's magnitude (fp32 accumulation): any indexing, nibble or scale mistake
-//     breaks it by orders of magnitude;
+//   * every element vs ref::q4k_gemv_int8 (the kernel's own int8 arithmetic in double; for the
+//     fp16 core ref::q4k_gemv_f16, its fp16 arithmetic) within 1e-5 x the row's magnitude (fp32
+//     accumulation): any indexing, nibble or scale mistake breaks it by orders of magnitude;
 //   * with >= 512 outputs, relative L2 vs ref::<op> <= 3e-2 (int8 activations; 0.5-1% measured
 //     on Gaussian data at K >= 2304), 4.5e-2 for silu(gate)*up (two such errors); twice that at
 //     K = 256, where a row is one block and the rounding errors do not average (exact_bound).
@@ -62,7 +62,8 @@ struct Case {
   ops::GemvLaunch launch() const { return {true, core, mma_k_parts}; }
 };
 std::string case_name(const testing::TestParamInfo<Case>& info) {
-  const char* core = info.param.core == ops::GemvCore::kDp4a ? "_dp4a" : info.param.core == ops::GemvCore::kMma ? "_mma" : "";
+  const ops::GemvCore c = info.param.core;
+  const char* core = c == ops::GemvCore::kDp4a ? "_dp4a" : c == ops::GemvCore::kMma ? "_mma" : c == ops::GemvCore::kMmaF16 ? "_f16" : "";
   const std::string parts = info.param.mma_k_parts ? "_p" + std::to_string(info.param.mma_k_parts) : "";
   return "n" + std::to_string(info.param.n) + "_k" + std::to_string(info.param.k) + "_b" + std::to_string(info.param.batch) + core + parts;
 }
@@ -79,13 +80,15 @@ std::vector<Case> grid(std::initializer_list<std::int64_t> ns, std::initializer_
 // Host and device data for one case.
 struct Problem {
   Case c;
+  int matrices;
   std::int64_t x_stride;
   std::vector<q4k::Block> w, w2;
   std::vector<float> x, gamma, residual;
   test::DeviceBuffer<q4k::Block> dw, dw2;
   test::DeviceBuffer<float> dx, dgamma, dresidual, dy, dy2;
 
-  Problem(Case cs, bool two_matrices, std::mt19937_64& rng) : c(cs), x_stride(cs.k + 4 * (cs.batch > 1)) {
+  Problem(Case cs, bool two_matrices, std::mt19937_64& rng)
+      : c(cs), matrices(two_matrices ? 2 : 1), x_stride(cs.k + 4 * (cs.batch > 1)) {
     w = test::random_q4k_matrix(c.n, c.k, rng);
     if (two_matrices) w2 = test::random_q4k_matrix(c.n, c.k, rng);
     x = test::random_normal(std::size_t(c.batch) * x_stride, rng);
@@ -138,8 +141,9 @@ struct Problem {
     return a;
   }
 
-  // Per output of matrix m and activation row b: the kernel's int8 arithmetic in double (mimic),
-  // the exact-vs-kernel bound and the accumulation magnitude, all times the row scale.
+  // Per output of matrix m and activation row b: the kernel's arithmetic in double (mimic: int8,
+  // or fp16 where the fp16 core runs), the exact-vs-kernel bound (the int8 one, which also bounds
+  // the fp16 core) and the accumulation magnitude, all times the row scale.
   struct RowModel {
     std::vector<double> mimic, int8_bound, magnitude;
   };
@@ -147,7 +151,10 @@ struct Problem {
     double scale;
     const auto a = activations(b, with_gamma, &scale);
     RowModel out{std::vector<double>(c.n), std::vector<double>(c.n), std::vector<double>(c.n)};
-    ref::q4k_gemv_int8(m.data(), c.n, c.k, ref::quantize_activations(a.data(), c.k), out.mimic.data());
+    if (ops::q4k_gemv_core(c.k, c.batch, matrices, c.core) == ops::GemvCore::kMmaF16)
+      ref::q4k_gemv_f16(m.data(), c.n, c.k, ref::quantize_activations_f16(a.data(), c.k), out.mimic.data());
+    else
+      ref::q4k_gemv_int8(m.data(), c.n, c.k, ref::quantize_activations(a.data(), c.k), out.mimic.data());
     ref::q4k_gemv_error_model(m.data(), c.n, c.k, a.data(), out.int8_bound.data(), out.magnitude.data());
     for (std::int64_t r = 0; r < c.n; ++r) {
       out.mimic[r] *= scale;
@@ -175,7 +182,7 @@ void check_gemv(const Problem& p, const std::vector<float>& y, const std::vector
     }
   }
   expect_within(y, vs_exact, "vs exact reference");
-  expect_within(y, vs_mimic, "vs int8 mimic");
+  expect_within(y, vs_mimic, "vs mimic");
   if (y.size() >= kMinOutputsForNorm) EXPECT_LT(test::rel_l2(y, exact), exact_bound(c.k));
 }
 
@@ -278,7 +285,7 @@ TEST_P(GateUpQ4kGemvTest, MatchesReference) {
         }
       }
       expect_within(h, vs_exact, "vs exact reference");
-      expect_within(h, vs_mimic, "vs int8 mimic");
+      expect_within(h, vs_mimic, "vs mimic");
       if (raw) expect_within(p.dy2.download(), up_exact, "up vs exact reference");
       if (count >= kMinOutputsForNorm) EXPECT_LT(test::rel_l2(h, expected), exact_bound(c.k, !raw));
     }
@@ -304,6 +311,19 @@ std::vector<Case> mma_parts_shapes() {
   return out;
 }
 const auto kMmaPartsShapes = mma_parts_shapes();
+// The fp16 core (forced): 5, 8 and 16 tokens; K = 14336 falls back to dp4a (its activations do
+// not fit one chunk). Then every K split, as for the int8 core.
+const auto kF16Shapes = grid({1, 37, 4096}, {256, 2304, 4096, 14336}, {5, 8, 16}, ops::GemvCore::kMmaF16);
+std::vector<Case> f16_parts_shapes() {
+  std::vector<Case> out;
+  for (int parts : {1, 2, 4, 8})
+    for (Case c : grid({37, 4096}, {256, 2304, 4096}, {5, 16}, ops::GemvCore::kMmaF16)) {
+      c.mma_k_parts = parts;
+      out.push_back(c);
+    }
+  return out;
+}
+const auto kF16PartsShapes = f16_parts_shapes();
 INSTANTIATE_TEST_SUITE_P(Shapes, Q4kGemvTest, testing::ValuesIn(kShapes), case_name);
 INSTANTIATE_TEST_SUITE_P(Dp4a, Q4kGemvTest, testing::ValuesIn(kDp4aShapes), case_name);
 INSTANTIATE_TEST_SUITE_P(MmaParts, Q4kGemvTest, testing::ValuesIn(kMmaPartsShapes), case_name);
@@ -316,19 +336,29 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GateUpQ4kGemvTest, testing::ValuesIn(grid({1, 3
                          case_name);
 INSTANTIATE_TEST_SUITE_P(Dp4a, GateUpQ4kGemvTest, testing::ValuesIn(kDp4aShapes), case_name);
 INSTANTIATE_TEST_SUITE_P(MmaParts, GateUpQ4kGemvTest, testing::ValuesIn(kMmaPartsShapes), case_name);
+INSTANTIATE_TEST_SUITE_P(F16, Q4kGemvTest, testing::ValuesIn(kF16Shapes), case_name);
+INSTANTIATE_TEST_SUITE_P(F16Parts, Q4kGemvTest, testing::ValuesIn(kF16PartsShapes), case_name);
+INSTANTIATE_TEST_SUITE_P(F16LmHead, Q4kGemvTest, testing::ValuesIn(grid({163840}, {2304}, {16}, ops::GemvCore::kMmaF16)),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(F16, RmsNormQ4kGemvTest, testing::ValuesIn(kF16Shapes), case_name);
+INSTANTIATE_TEST_SUITE_P(F16Parts, RmsNormQ4kGemvTest, testing::ValuesIn(kF16PartsShapes), case_name);
+INSTANTIATE_TEST_SUITE_P(F16, GateUpQ4kGemvTest, testing::ValuesIn(kF16Shapes), case_name);
+INSTANTIATE_TEST_SUITE_P(F16Parts, GateUpQ4kGemvTest, testing::ValuesIn(kF16PartsShapes), case_name);
 
 
-// Same inputs, same bits: repeated launches and graph replays.
-TEST(Q4kGemvDeterminism, RepeatsAndGraphReplaysAreBitIdentical) {
+// Same inputs, same bits: repeated launches and graph replays, on each core.
+class Q4kGemvDeterminism : public testing::TestWithParam<Case> {};
+TEST_P(Q4kGemvDeterminism, RepeatsAndGraphReplaysAreBitIdentical) {
   ENCORE_REQUIRE_GPU();
   std::mt19937_64 rng(test::fresh_seed());
-  Problem p({4096, 2304, 3}, true, rng);
+  Problem p(GetParam(), true, rng);
   ops::GateUpQ4kGemvParams a = p.gate_up_params();
   a.gamma = p.dgamma.get();
-  ENCORE_OK(ops::gate_up_q4k_gemv(a, nullptr));
+  const ops::GemvLaunch launch = p.c.launch();
+  ENCORE_OK(ops::gate_up_q4k_gemv(a, nullptr, launch));
   const auto first = p.dy.download();
   p.dy.poison();
-  ENCORE_OK(ops::gate_up_q4k_gemv(a, nullptr));
+  ENCORE_OK(ops::gate_up_q4k_gemv(a, nullptr, launch));
   EXPECT_TRUE(test::bitwise_equal(first.data(), p.dy.download().data(), first.size() * 4));
 
   cudaStream_t stream;
@@ -336,7 +366,7 @@ TEST(Q4kGemvDeterminism, RepeatsAndGraphReplaysAreBitIdentical) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  ENCORE_OK(ops::gate_up_q4k_gemv(a, stream));
+  ENCORE_OK(ops::gate_up_q4k_gemv(a, stream, launch));
   CUDA_OK(cudaStreamEndCapture(stream, &graph));
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   for (int i = 0; i < 3; ++i) {
@@ -349,6 +379,9 @@ TEST(Q4kGemvDeterminism, RepeatsAndGraphReplaysAreBitIdentical) {
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
+INSTANTIATE_TEST_SUITE_P(Cores, Q4kGemvDeterminism,
+                         testing::Values(Case{4096, 2304, 3}, Case{4096, 2304, 16}, Case{4096, 2304, 16, ops::GemvCore::kMmaF16}),
+                         case_name);
 
 // y += W x in place (residual == y).
 TEST(Q4kGemvInPlace, ResidualMayBeTheOutput) {

@@ -180,6 +180,20 @@ TEST(Q4kGemvCore, ChoiceByBatchAndK) {
   EXPECT_EQ(ops::q4k_gemv_core(1000, 16, 1), GemvCore::kDp4a);  // invalid dims: nothing runs
 }
 
+// The fp16 core runs only when asked, from its 8-token tier, where its activations (2 bytes a
+// value, more than int8's 1.5) fit one chunk beside the ring (of one-block slots if need be).
+TEST(Q4kGemvCore, Fp16CoreWhenAskedAndItFits) {
+  using ops::GemvCore;
+  for (std::int64_t k : {256, 2304, 4096, 14336})
+    for (int batch : {1, 3, 5, 8, 16})
+      for (int nmat : {1, 2}) {
+        const GemvCore got = ops::q4k_gemv_core(k, batch, nmat, GemvCore::kMmaF16);
+        const bool fits = batch >= 5 && (k <= 2304 || (k == 4096 && (batch <= 8 || nmat == 1)));
+        EXPECT_EQ(got, fits ? GemvCore::kMmaF16 : GemvCore::kDp4a) << k << " " << batch << " " << nmat;
+        EXPECT_NE(ops::q4k_gemv_core(k, batch, nmat), GemvCore::kMmaF16);  // never the default
+      }
+}
+
 
 // Values outside the documented domain: an infinite eps, an output mode that is not in the enum.
 TEST(Q4kGemvValidation, EpsAndOutputModeDomains) {

@@ -63,12 +63,17 @@ struct GateUpQ4kGemvParams {
   std::int64_t x_stride = 0, h_stride = 0;
 };
 
-// The dot-product core. Both quantise the activations the same way; their fp32 sums run in a
-// different order (results agree to rounding, not bit for bit).
+// The dot-product core. The int8 cores quantise the activations the same way and differ in the
+// order of their fp32 sums; the fp16 core quantises them to fp16. Results agree to rounding, not
+// bit for bit.
 enum class GemvCore {
   kAuto,  // dp4a below kGemvMmaMinBatch tokens, int8 mma from there (when its plan fits)
   kDp4a,  // dp4a on CUDA cores, every batch
   kMma,   // int8 mma.sync (docs/q4k.md §9) for batches of 5..16 tokens (its 8 / 16 tiers); dp4a below
+  // fp16 mma.sync on sc * q weights and scaled fp16 activations (docs/q4k.md §9.2), 5..16 tokens;
+  // dp4a below. More accurate than the int8 cores (fp16 rounding of each activation, relative
+  // 2^-11, against int8's amax / 254), so it rounds differently from them.
+  kMmaF16,
 };
 inline constexpr int kGemvMmaMinBatch = 5;
 
@@ -76,13 +81,13 @@ inline constexpr int kGemvMmaMinBatch = 5;
 struct GemvLaunch {
   bool pdl = true;  // launch as a programmatic dependent of the previous kernel in the stream
   GemvCore core = GemvCore::kAuto;
-  // mma core only: warps sharing a 16-row group, each taking a contiguous K range: 1, 2, 4 or 8,
+  // mma cores only: warps sharing a 16-row group, each taking a contiguous K range: 1, 2, 4 or 8,
   // or 0 to let the planner choose (a tuning and test hook; results round differently per value).
   int mma_k_parts = 0;
 };
 
-// The core a launch with these dims runs for `requested` (kDp4a or kMma; the mma core needs its
-// 8 / 16-token tiers and all of K's activations in one shared-memory chunk). Host only: the
+// The core a launch with these dims runs for `requested` (the mma cores need their 8 / 16-token
+// tiers and all of K's activations in one shared-memory chunk, else dp4a runs). Host only: the
 // choice does not depend on the device. num_matrices: 1 (plain, RMSNorm) or 2 (gate/up).
 GemvCore q4k_gemv_core(std::int64_t k, int batch, int num_matrices, GemvCore requested = GemvCore::kAuto);
 

@@ -37,6 +37,21 @@ Int8Activations quantize_activations(const float* v, std::int64_t k);
 // computes, up to fp32 accumulation order.
 void q4k_gemv_int8(const q4k::Block* w, std::int64_t n, std::int64_t k, const Int8Activations& act, double* y);
 
+// The fp16 core's activation format (activation_f16.cuh): per 256-value block a power of two 2^s
+// with amax * 2^s in [2^14, 2^15), values fp16(v * 2^s), per sub-block the fp32 sum S of those
+// values (the kernel's order) carried as hi = fp16(S / 32), lo = fp16(S / 32 - hi).
+struct F16Activations {
+  std::vector<float> values;      // [k] fp16(v * 2^s), as floats
+  std::vector<float> block_scale; // [k / 256] 2^-s
+  std::vector<float> sum_hi, sum_lo;  // [k / 32]
+};
+F16Activations quantize_activations_f16(const float* v, std::int64_t k);
+
+// y[r] = sum over blocks of 2^-s * (D * sum sc * q * x' - M * sum_j 32 m_j (hi_j + lo_j)), in
+// double: what the fp16 core computes, up to fp32 accumulation order. Its error against the exact
+// product is within q4k_gemv_error_model's int8 bound (each value rounds by at most 2^-11 of itself).
+void q4k_gemv_f16(const q4k::Block* w, std::int64_t n, std::int64_t k, const F16Activations& act, double* y);
+
 // Per-row error model of the kernels for activations `a` (what the kernel quantises: x, or x*gamma):
 //   int8_bound[r] = sum over sub-blocks s of (d_s / 2) * sum_{k in s} |W[r][k] + M[r][s]|
 // bounds |kernel - exact| from the int8 rounding of a (d_s = amax_s/127; the min term uses exact
