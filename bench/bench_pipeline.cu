@@ -60,14 +60,16 @@ pipeline::StepInputs step_inputs(int batch, int vocab) { return decode_inputs(ba
 
 enum class Path { kEager, kGraph, kMegakernel };
 
-void BM_Decode(benchmark::State& state, Path path) {
+void BM_Decode(benchmark::State& state, Path path, ops::GemvCore core) {
   const int batch = int(state.range(0));
   DecodeSetup& s = setup();
   if (!ok(state, s.status)) return;
   Pipeline& p = *s.pipe;
   graphs::DecodeGraph graph;
   pipeline::Megakernel mk;
-  if (!ok(state, p.set_batch(batch)) || !ok(state, p.set_step(step_inputs(batch, p.config().vocab)))) return;
+  if (!ok(state, p.set_batch(batch)) || !ok(state, p.set_gemv_core(core)) ||
+      !ok(state, p.set_step(step_inputs(batch, p.config().vocab))))
+    return;
   if (path == Path::kGraph && !ok(state, graphs::DecodeGraph::capture(p, s.stream, graph))) return;
   if (path == Path::kMegakernel && !ok(state, pipeline::Megakernel::build(p, mk))) return;
   auto step = [&] {
@@ -139,12 +141,12 @@ const char* role_name(pipeline::StageRole r) {
 // Where a step's time goes: the stages launched eagerly with an event before each, per-stage
 // medians over the iterations, summed by role (us per step). Events serialise the stages, so the
 // total exceeds the graph's step time by the overlap PDL gives.
-void BM_DecodeStages(benchmark::State& state) {
+void BM_DecodeStages(benchmark::State& state, ops::GemvCore core) {
   const int batch = int(state.range(0));
   DecodeSetup& s = setup();
   if (!ok(state, s.status)) return;
   Pipeline& p = *s.pipe;
-  if (!ok(state, p.set_batch(batch)) || !ok(state, p.set_step(step_inputs(batch, p.config().vocab))) ||
+  if (!ok(state, p.set_batch(batch)) || !ok(state, p.set_gemv_core(core)) || !ok(state, p.set_step(step_inputs(batch, p.config().vocab))) ||
       !ok(state, p.enqueue_step(s.stream)))  // the last one: warm-up
     return;
   const std::vector<pipeline::Stage>& stages = p.stages();
@@ -183,14 +185,22 @@ void BM_DecodeStages(benchmark::State& state) {
   state.counters["us_sum"] = sum;
 }
 
-BENCHMARK(BM_DecodeStages)->Name("decode/kimi_linear/stages")->Arg(1)->Arg(16)->UseManualTime()->Unit(benchmark::kMicrosecond);
-
-BENCHMARK_CAPTURE(BM_Decode, kimi_linear_graph, Path::kGraph)->Name("decode/kimi_linear/graph")->Arg(1)->Arg(4)->Arg(16)->Arg(32)->Arg(64)
+using ops::GemvCore;
+BENCHMARK_CAPTURE(BM_DecodeStages, kimi_linear, GemvCore::kAuto)->Name("decode/kimi_linear/stages")->Arg(1)->Arg(16)
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_Decode, kimi_linear_megakernel, Path::kMegakernel)->Name("decode/kimi_linear/megakernel")->Arg(1)->Arg(4)->Arg(16)->Arg(32)->Arg(64)
+BENCHMARK_CAPTURE(BM_Decode, kimi_linear_graph, Path::kGraph, GemvCore::kAuto)->Name("decode/kimi_linear/graph")->Arg(1)->Arg(4)->Arg(16)->Arg(32)->Arg(64)
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_Decode, kimi_linear_eager, Path::kEager)->Name("decode/kimi_linear/eager")->Arg(1)
+BENCHMARK_CAPTURE(BM_Decode, kimi_linear_megakernel, Path::kMegakernel, GemvCore::kAuto)->Name("decode/kimi_linear/megakernel")->Arg(1)->Arg(4)->Arg(16)->Arg(32)->Arg(64)
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Decode, kimi_linear_eager, Path::kEager, GemvCore::kAuto)->Name("decode/kimi_linear/eager")->Arg(1)
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+// The same steps with the fp16 tensor-core GEMV core (8 tokens and up; below, dp4a as by default).
+BENCHMARK_CAPTURE(BM_DecodeStages, kimi_linear_f16, GemvCore::kMmaF16)->Name("decode/kimi_linear/stages_f16")->Arg(16)
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Decode, kimi_linear_graph_f16, Path::kGraph, GemvCore::kMmaF16)->Name("decode/kimi_linear/graph_f16")->Arg(16)->Arg(32)->Arg(64)
+    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Decode, kimi_linear_megakernel_f16, Path::kMegakernel, GemvCore::kMmaF16)->Name("decode/kimi_linear/megakernel_f16")
+    ->Arg(16)->Arg(32)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace encore::bench

@@ -90,6 +90,17 @@ Status Pipeline::set_batch(int rows) {
   return {};
 }
 
+Status Pipeline::set_gemv_core(ops::GemvCore core) {
+  BufferOptions next = options_;
+  next.gemv_core = core;
+  ENCORE_RETURN_IF_ERROR(validate(next));
+  const BufferOptions previous = options_;
+  options_ = next;
+  const Status s = set_batch(batch_);
+  if (!s.ok()) options_ = previous;
+  return s;
+}
+
 Status Pipeline::build_stages(const ArenaBases& bases, int rows, std::vector<Stage>& out) const {
   StageListInputs in;
   in.config = &config_, in.options = &options_;

@@ -61,6 +61,7 @@ class Builder {
     std::memset(static_cast<void*>(&s), 0, sizeof(s));
     s.params.*member = P{};
     s.kind = kind, s.role = role, s.layer = layer, s.joins_previous = joins_previous;
+    s.gemv_core = o_.gemv_core;
     out_.push_back(s);
     return out_.back().params.*member;
   }

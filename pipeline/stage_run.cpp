@@ -11,9 +11,9 @@ Status run_stage(const Stage& s, cudaStream_t stream) {
   const StageParams& p = s.params;
   switch (s.kind) {
     case StageKind::kEmbed: return embed(p.embed, stream);
-    case StageKind::kRmsNormGemv: return ops::rmsnorm_q4k_gemv(p.rms_gemv, stream);
-    case StageKind::kGemv: return ops::q4k_gemv(p.gemv, stream);
-    case StageKind::kGateUpGemv: return ops::gate_up_q4k_gemv(p.gate_up, stream);
+    case StageKind::kRmsNormGemv: return ops::rmsnorm_q4k_gemv(p.rms_gemv, stream, {true, s.gemv_core});
+    case StageKind::kGemv: return ops::q4k_gemv(p.gemv, stream, {true, s.gemv_core});
+    case StageKind::kGateUpGemv: return ops::gate_up_q4k_gemv(p.gate_up, stream, {true, s.gemv_core});
     case StageKind::kKda: return ops::kda(p.kda, stream);
     case StageKind::kMlaSched: return ops::mla_sched(p.mla_sched, stream);
     case StageKind::kMlaQAbsorb: return ops::mla_q_absorb(p.mla_q_absorb, stream);

@@ -7,7 +7,7 @@
 // python3 with matplotlib is there) a PNG of latency against context, one panel per batch.
 //
 //   encore_ab [--batches 1,4,16] [--contexts 1024,4096,16384,32768] [--long 131072]
-//             [--steps 10] [--rounds 7] [--out DIR]
+//             [--steps 10] [--rounds 7] [--out DIR] [--trace] [--gemv-core auto|dp4a|int8|f16]
 // Without a CUDA device it says so and exits with status 1.
 #include <algorithm>
 #include <cstdio>
@@ -41,6 +41,7 @@ struct Options {
   int steps = 10, rounds = 7;
   std::string out = "out";
   bool trace = false;  // also one traced megakernel step per point: where its time goes
+  encore::ops::GemvCore gemv_core = encore::ops::GemvCore::kAuto;  // the Q4_K GEMV stages' core, both paths
 };
 
 std::vector<int> parse_list(const char* s) {
@@ -57,7 +58,7 @@ bool parse(int argc, char** argv, Options& o) {
     const char* next = i + 1 < argc ? argv[i + 1] : nullptr;
     if (a == "--help" || a == "-h") {
       std::printf("usage: encore_ab [--batches 1,4,16] [--contexts 1024,4096,16384,32768] [--long 131072 (batch 1; 0: none)]\n"
-                  "                 [--steps 10] [--rounds 7] [--out DIR] [--trace]\n");
+                  "                 [--steps 10] [--rounds 7] [--out DIR] [--trace] [--gemv-core auto|dp4a|int8|f16]\n");
       std::exit(0);
     }
     if (a == "--trace") {
@@ -71,7 +72,15 @@ bool parse(int argc, char** argv, Options& o) {
     else if (a == "--steps") o.steps = std::max(1, std::atoi(next));
     else if (a == "--rounds") o.rounds = std::max(1, std::atoi(next));
     else if (a == "--out") o.out = next;
-    else return false;
+    else if (a == "--gemv-core") {
+      const std::string c = next;
+      using encore::ops::GemvCore;
+      if (c == "auto") o.gemv_core = GemvCore::kAuto;
+      else if (c == "dp4a") o.gemv_core = GemvCore::kDp4a;
+      else if (c == "int8") o.gemv_core = GemvCore::kMma;
+      else if (c == "f16") o.gemv_core = GemvCore::kMmaF16;
+      else return false;
+    } else return false;
     ++i;
   }
   return true;
@@ -212,6 +221,7 @@ int main(int argc, char** argv) {
     const int max_context = *std::max_element(contexts.begin(), contexts.end());
     encore::pipeline::BufferOptions bo;
     bo.max_batch = batch, bo.max_slots = batch;
+    bo.gemv_core = o.gemv_core;
     bo.max_pages_per_seq = (max_context + 63) / 64, bo.max_pages = batch * bo.max_pages_per_seq;
     std::unique_ptr<Pipeline> p;
     check(Pipeline::create(config, bo, p), "Pipeline::create");

@@ -175,7 +175,9 @@ class Lowering {
   template <class P>
   Status gemv(int si, const P& a, const float* normalized, const char* what) {
     gemv::GemvPlan plan;
-    ENCORE_RETURN_IF_ERROR(gemv::plan_op(a, target_.sms, &plan));
+    ops::GemvLaunch launch;
+    launch.core = stages_[si].gemv_core;  // the graph path's core: the same plan, hence the same sums
+    ENCORE_RETURN_IF_ERROR(gemv::plan_op(a, target_.sms, &plan, launch));
     // One block per SM: the launcher's plan (same row split and activation chunks, so the same
     // sums) with the deepest weight ring that fits beside the program, so one block keeps as many
     // bytes in flight as the launcher's two.

@@ -145,7 +145,7 @@ INSTANTIATE_TEST_SUITE_P(Tiny, MegakernelTiny,
                          });
 
 // Beyond 16 rows (the GEMVs in stages of 16 rows, the last one partly pad rows): the tiny model
-// at 40 rows, every row its own slot and pages.
+// at 40 rows, every row its own slot and pages; on the default GEMV core and on the fp16 one.
 TEST(MegakernelTinyWide, MatchesTheGraphBitForBit) {
   ENCORE_REQUIRE_GPU();
   BufferOptions o;
@@ -157,16 +157,21 @@ TEST(MegakernelTinyWide, MatchesTheGraphBitForBit) {
   const std::uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(seed);
   ENCORE_OK(p->fill_random_weights(seed, stream));
-  DecodeGraph graph;
-  ENCORE_OK(DecodeGraph::capture(*p, stream, graph));
-  Megakernel mk;
-  ENCORE_OK(Megakernel::build(*p, mk));
-  expect_paths_agree(*p, graph, mk, StepPlan{40, 40, 8}, int(test::env_int("ENCORE_MEGAKERNEL_STEPS", 64)), stream);
-  ENCORE_OK(mk.read_status(stream));
+  for (ops::GemvCore core : {ops::GemvCore::kAuto, ops::GemvCore::kMmaF16}) {
+    SCOPED_TRACE(int(core));
+    ENCORE_OK(p->set_gemv_core(core));
+    DecodeGraph graph;
+    ENCORE_OK(DecodeGraph::capture(*p, stream, graph));
+    Megakernel mk;
+    ENCORE_OK(Megakernel::build(*p, mk));
+    expect_paths_agree(*p, graph, mk, StepPlan{40, 40, 8}, int(test::env_int("ENCORE_MEGAKERNEL_STEPS", 64)), stream);
+    ENCORE_OK(mk.read_status(stream));
+  }
   CUDA_OK(cudaStreamDestroy(stream));
 }
 
-// The Kimi-Linear preset (random weights of the real shapes, ~28 GB) at batch 1, 16 and 64.
+// The Kimi-Linear preset (random weights of the real shapes, ~28 GB) at batch 1, 16 and 64, and at
+// 16 on the fp16 GEMV core.
 TEST(MegakernelKimi, MatchesTheGraphBitForBit) {
   ENCORE_REQUIRE_GPU();
   BufferOptions o;
@@ -178,9 +183,16 @@ TEST(MegakernelKimi, MatchesTheGraphBitForBit) {
   const std::uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(seed);
   ENCORE_OK(p->fill_random_weights(seed, stream));
-  for (int batch : {1, 16, 64}) {
-    SCOPED_TRACE(batch);
+  struct Point {
+    int batch;
+    ops::GemvCore core;
+  };
+  for (const Point& at : {Point{1, ops::GemvCore::kAuto}, Point{16, ops::GemvCore::kAuto}, Point{64, ops::GemvCore::kAuto},
+                          Point{16, ops::GemvCore::kMmaF16}}) {
+    const int batch = at.batch;
+    SCOPED_TRACE(std::to_string(batch) + (at.core == ops::GemvCore::kMmaF16 ? " rows, fp16 GEMV core" : " rows"));
     ENCORE_OK(p->set_batch(batch));
+    ENCORE_OK(p->set_gemv_core(at.core));
     DecodeGraph graph;
     ENCORE_OK(DecodeGraph::capture(*p, stream, graph));
     Megakernel mk;

@@ -22,9 +22,10 @@ namespace {
 void* fake(std::uintptr_t tb) { return reinterpret_cast<void*>(tb << 40); }
 
 // The pipeline's stage table for `config` at `batch` rows, on fake arena bases.
-std::vector<Stage> stages_of(const ModelConfig& config, int batch, int max_batch) {
+std::vector<Stage> stages_of(const ModelConfig& config, int batch, int max_batch, ops::GemvCore core = ops::GemvCore::kAuto) {
   BufferOptions o;
   o.max_batch = max_batch, o.max_slots = 16, o.max_pages = 64, o.max_pages_per_seq = 16, o.mla_num_parts = 132;
+  o.gemv_core = core;
   TensorArena weights, buffers, state;
   throw_if_error(build_weight_layout(config, weights));
   throw_if_error(build_buffer_layout(config, o, buffers));
@@ -95,6 +96,7 @@ struct Case {
   const char* name;
   ModelConfig config;
   int batch, max_batch;
+  ops::GemvCore core = ops::GemvCore::kAuto;
 };
 
 
@@ -104,11 +106,22 @@ TEST(MegakernelLower, ProgramsAreSoundMinimalAndOrdered) {
                         {"kimi b1", ModelConfig::kimi_linear_48b(), 1, 16},
                         {"kimi b16", ModelConfig::kimi_linear_48b(), 16, 16},
                         {"tiny b40 (GEMVs in stages of 16)", ModelConfig::tiny(), 40, 40},
-                        {"kimi b64", ModelConfig::kimi_linear_48b(), 64, 64}};
+                        {"kimi b64", ModelConfig::kimi_linear_48b(), 64, 64},
+                        {"kimi b16, fp16 GEMV core", ModelConfig::kimi_linear_48b(), 16, 16, ops::GemvCore::kMmaF16},
+                        {"kimi b64, fp16 GEMV core", ModelConfig::kimi_linear_48b(), 64, 64, ops::GemvCore::kMmaF16}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    const std::vector<Stage> stages = stages_of(c.config, c.batch, c.max_batch);
+    const std::vector<Stage> stages = stages_of(c.config, c.batch, c.max_batch, c.core);
     const Program p = lowered(stages);
+    // The GEMVs run the core the graph path's launchers run for the same stages.
+    int gemvs = 0, f16 = 0;
+    for (const Instruction& ins : p.instructions)
+      if (ins.h.op == Opcode::kGemv) ++gemvs, f16 += ins.params.gemv.p.mma && ins.params.gemv.p.mma_f16;
+    if (c.core == ops::GemvCore::kMmaF16) {
+      EXPECT_GE(f16, gemvs * 9 / 10) << "of " << gemvs;  // the rest: shapes whose activations do not fit (dp4a)
+    } else {
+      EXPECT_EQ(f16, 0);
+    }
     ASSERT_FALSE(p.instructions.empty());
     EXPECT_EQ(p.grid, kH200.sms);
     EXPECT_LE(p.smem, kH200.smem_per_block);

@@ -376,6 +376,19 @@ TEST(StageList, TableBytesAreDeterministic) {
   EXPECT_LE(sizeof(Stage), 256u);  // small enough for a per-stage kernel argument / table row
 }
 
+// The options' GEMV core reaches every stage, which both paths read it from; a core outside the
+// enum is refused with the buffers.
+TEST(StageList, GemvCoreReachesEveryStage) {
+  Built b(ModelConfig::kimi_linear_48b());
+  for (const Stage& s : b.stages) EXPECT_EQ(s.gemv_core, ops::GemvCore::kAuto);
+  b.options.gemv_core = ops::GemvCore::kMmaF16;
+  throw_if_error(build_stage_list(b.inputs(16), b.stages));
+  for (const Stage& s : b.stages) EXPECT_EQ(s.gemv_core, ops::GemvCore::kMmaF16);
+  b.options.gemv_core = ops::GemvCore(7);
+  EXPECT_EQ(validate(b.options).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(build_stage_list(b.inputs(16), b.stages).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(StageList, InputsAreChecked) {
   Built b(ModelConfig::tiny());
   std::vector<Stage> stages;

@@ -23,6 +23,8 @@
 // serves all MLA layers: a sequence uses the same page ids in each layer's pool).
 #pragma once
 
+#include <encore/ops/q4k_gemv.h>
+
 #include <cstdint>
 
 #include <encore/pipeline/model_config.h>
@@ -40,6 +42,9 @@ struct BufferOptions {
   int max_pages_per_seq = 64;   // block table row length: context capacity = 64 * this
   int mla_num_parts = 0;        // split-KV scheduler parts: ops::mla_num_parts(heads) on the device
                                 // the pipeline runs on (it reads the SM count, so the caller passes it)
+  // The Q4_K GEMV stages' core on both paths (kAuto: the launchers' default). Results round
+  // differently per core; the graph and the megakernel still agree bit for bit.
+  ops::GemvCore gemv_core = ops::GemvCore::kAuto;
 };
 
 // Rows of the buffers the Q4_K GEMVs read and write (x, the projections, logits). The GEMVs take at

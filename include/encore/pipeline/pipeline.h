@@ -60,6 +60,9 @@ class Pipeline {
   // Rebuilds the stage table for 1 <= rows <= max_batch (host only; unchanged on error). Kernels
   // then run on `rows` rows only, so a small batch does not pay for max_batch.
   Status set_batch(int rows);
+  // Rebuilds the stage table of the current batch with the GEMV stages on `core` (BufferOptions::
+  // gemv_core; host only; unchanged on error). Graphs and megakernels built before keep theirs.
+  Status set_gemv_core(ops::GemvCore core);
   // Device pointer of a named tensor of the buffer or state arena (null if absent).
   void* buffer(std::string_view name) const;
   void* state_tensor(std::string_view name) const;

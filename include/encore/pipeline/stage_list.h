@@ -81,6 +81,7 @@ struct Stage {
   StageRole role = StageRole::kEmbed;
   int layer = -1;              // 0-based model layer; -1 for per-step stages (embed, scheduler, head)
   bool joins_previous = false; // reads nothing the previous stage writes: may run concurrently with it
+  ops::GemvCore gemv_core = ops::GemvCore::kAuto;  // Q4_K GEMV stages: the core both paths run
   StageParams params;
 };
 static_assert(std::is_trivially_copyable_v<Stage>, "the stage table is copied to the device as bytes");
