@@ -35,7 +35,7 @@ prof lm_head_b16_f16 'gemv_mma_kernel' 2 1 -- $bench --benchmark_filter='^gemv/q
 prof lm_head_b1_dp4a 'gemv_kernel' 2 1 -- $bench --benchmark_filter='^gemv/q4k/kimi_lm_head_163840x2304/b1$' "${once[@]}"
 prof qkv_b16_f16 'gemv_mma_kernel' 2 1 -- $bench --benchmark_filter='^gemv/q4k_f16/kimi_qkv_4096x2304/b16$' "${once[@]}"
 prof moe_experts_b1 'moe_(gate_up|down)_kernel' 4 2 -- $bench --benchmark_filter='^BM_moe_kimi_experts/1$' "${once[@]}"
-prof megakernel_b1 'megakernel' 3 1 -- build/bench/encore_ab --batches 1 --contexts 4096 --long 0 --steps 1 --rounds 1 \
+prof megakernel_b1 'megakernel' 2 1 -- build/bench/encore_ab --batches 1 --contexts 4096 --long 0 --steps 1 --rounds 1 \
     --out "$out/ab_profile"
 
 python3 "$here/ncu_summary.py" "$out"/ncu_*.csv | tee "$out/ncu_summary.txt"
