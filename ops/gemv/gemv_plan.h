@@ -9,7 +9,7 @@
 #include <encore/ops/q4k_gemv.h>
 #include <encore/status.h>
 
-#include "gemv/gemv_tile.cuh"
+#include "gemv/gemv_params.cuh"
 
 namespace encore::gemv {
 

@@ -15,7 +15,7 @@
 #include <encore/ops/mla.h>
 #include <encore/pipeline/stage_params.h>
 
-#include "gemv/gemv_tile.cuh"
+#include "gemv/gemv_params.cuh"
 #include "moe/moe_expert_stream.cuh"
 #include "moe/moe_router_tile.cuh"
 

@@ -1,0 +1,142 @@
+// The GEMV's activations and outputs, shared by its cores: quantising chunks of x (int8 or
+// fp16, with the RMSNorm's sums) into shared memory, and the epilogue's stores.
+#pragma once
+
+#include <cstdint>
+
+#include "common/block.h"
+#include "common/warp.cuh"
+#include "gemv/gemv_params.cuh"
+
+namespace encore::gemv {
+
+namespace detail {
+
+// Quantises K blocks [kb0, kb0 + nbc) of every active token into shared memory, and (with a norm)
+// each block's sum(x^2). A warp takes (token, block) tasks round robin, four tasks' loads in flight
+// at once so the prologue costs about one L2 round trip per four tasks. F16: the fp16 core's format.
+template <bool F16 = false>
+__device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0, int nbc, const GemvSmem& s) {
+  constexpr int kTasksInFlight = 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int tasks = p.batch * nbc;
+  for (int base = warp; base < tasks; base += kWarpsPerBlock * kTasksInFlight) {
+    float v[kTasksInFlight][8];
+#pragma unroll
+    for (int u = 0; u < kTasksInFlight; ++u) {
+      const int task = base + u * kWarpsPerBlock;
+      if (task >= tasks) break;
+      const int t = task / nbc, j = task % nbc;
+      const float4* src = reinterpret_cast<const float4*>(p.x + t * p.x_stride + std::int64_t(kb0 + j) * 256 + lane * 8);
+      const float4 a = src[0], b = src[1];
+      v[u][0] = a.x, v[u][1] = a.y, v[u][2] = a.z, v[u][3] = a.w, v[u][4] = b.x, v[u][5] = b.y, v[u][6] = b.z, v[u][7] = b.w;
+    }
+#pragma unroll
+    for (int u = 0; u < kTasksInFlight; ++u) {
+      const int task = base + u * kWarpsPerBlock;
+      if (task >= tasks) break;
+      const int t = task / nbc, j = task % nbc;
+      if (p.gamma) {
+        float ss = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) ss += v[u][i] * v[u][i];
+        ss = device::warp_sum(ss);
+        if (lane == 0) s.block_ss[t * p.chunk_blocks + j] = ss;
+        const float4* g = reinterpret_cast<const float4*>(p.gamma + std::int64_t(kb0 + j) * 256 + lane * 8);
+        const float4 ga = __ldg(g), gb = __ldg(g + 1);
+        v[u][0] *= ga.x, v[u][1] *= ga.y, v[u][2] *= ga.z, v[u][3] *= ga.w;
+        v[u][4] *= gb.x, v[u][5] *= gb.y, v[u][6] *= gb.z, v[u][7] *= gb.w;
+      }
+      if constexpr (F16)
+        q4k::quantize_act_block_f16(v[u], s.f16_values(t, j), s.f16_sums_of(t, j), s.f16_scale_of(t, j));
+      else
+        q4k::quantize_act_block(v[u], s.act_block(t, j));
+    }
+  }
+}
+
+// After a chunk's prologue (and a barrier): fold its per-block sums into each token's total (a
+// warp per token: lane-strided partial sums, then a fixed butterfly). After the last chunk: 1/rms.
+__device__ __forceinline__ void accumulate_rms(const GemvTileParams& p, int kb0, int nbc, const GemvSmem& s) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int t = warp; t < p.batch; t += kWarpsPerBlock) {
+    float part = 0.f;
+    for (int j = lane; j < nbc; j += 32) part += s.block_ss[t * p.chunk_blocks + j];
+    part = device::warp_sum(part);
+    if (lane == 0) {
+      const float total = (kb0 == 0 ? 0.f : s.total_ss[t]) + part;
+      s.total_ss[t] = total;
+      if (kb0 + nbc == p.k_blocks) s.inv_rms[t] = rsqrtf(total / float(p.k_blocks * 256) + p.eps);
+    }
+  }
+}
+
+// Writes output (row, token t) from the row's gate (or only) sum g and up sum u, before the RMS
+// scale: the epilogue of every core.
+__device__ __forceinline__ void store_output(const GemvTileParams& p, const GemvSmem& s, std::int64_t row, int t,
+                                             float g, float u) {
+  const float scale = p.gamma ? s.inv_rms[t] : 1.f;
+  const std::int64_t at = t * p.out_stride + row;
+  g *= scale;
+  if (p.epilogue == Epilogue::kStore) {
+    p.out[0][at] = p.residual ? g + p.residual[at] : g;
+  } else {
+    u *= scale;
+    if (p.epilogue == Epilogue::kSiluMul) {
+      p.out[0][at] = g / (1.f + expf(-g)) * u;
+    } else {
+      p.out[0][at] = g;
+      p.out[1][at] = u;
+    }
+  }
+}
+
+// Tile 0 writes rmsnorm(x) * gamma when asked.
+__device__ __forceinline__ void store_normalized(const GemvTileParams& p, const GemvSmem& s, std::int64_t tile) {
+  if (!p.normalized || tile != 0) return;
+  const std::int64_t k = std::int64_t(p.k_blocks) * 256;
+  for (int t = 0; t < p.batch; ++t)
+    for (std::int64_t j = threadIdx.x; j < k; j += kBlockThreads)
+      p.normalized[t * k + j] = p.x[t * p.x_stride + j] * s.inv_rms[t] * p.gamma[j];
+}
+
+// Quantises chunk [kb0, kb0 + nbc) of the activations (and its RMS sums) unless they are cached.
+template <bool F16 = false>
+__device__ __forceinline__ void load_chunk(const GemvTileParams& p, int kb0, int nbc, const GemvSmem& s) {
+  __syncthreads();  // the previous chunk's readers are done
+  quantize_chunk<F16>(p, kb0, nbc, s);
+  __syncthreads();
+  if (p.gamma) {
+    accumulate_rms(p, kb0, nbc, s);
+    __syncthreads();
+  }
+}
+
+// The mma core multiplies whole 8-token tiles: the activation slots of tokens batch..ntok-1 get
+// zero codes and scales, so no product reads uninitialised shared memory (their outputs are never
+// stored).
+__device__ __forceinline__ void zero_missing_tokens(const GemvTileParams& p, int ntok, const GemvSmem& s) {
+  const int vectors = (ntok - p.batch) * s.chunk_blocks * kActStride / 16;
+  int4* first = reinterpret_cast<int4*>(s.act_block(p.batch, 0));
+  for (int i = threadIdx.x; i < vectors; i += kBlockThreads) first[i] = make_int4(0, 0, 0, 0);
+  __syncthreads();
+}
+
+// The same for the fp16 core's format: zero values, sums and scales for tokens batch..ntok-1.
+__device__ __forceinline__ void zero_missing_tokens_f16(const GemvTileParams& p, int ntok, const GemvSmem& s) {
+  const int value_vectors = (ntok - p.batch) * s.f16_token_pitch / 16;
+  int4* first = reinterpret_cast<int4*>(s.f16_values(p.batch, 0));
+  for (int i = threadIdx.x; i < value_vectors; i += kBlockThreads) first[i] = make_int4(0, 0, 0, 0);
+  const int missing = ntok - p.batch, entries = s.chunk_blocks * missing;
+  for (int i = threadIdx.x; i < entries; i += kBlockThreads) {
+    const int token = p.batch + i % missing, j = i / missing;
+    int4* sums = reinterpret_cast<int4*>(s.f16_sums_of(token, j));
+    sums[0] = sums[1] = make_int4(0, 0, 0, 0);
+    *s.f16_scale_of(token, j) = 0.f;
+  }
+  __syncthreads();
+}
+
+}  // namespace detail
+
+}  // namespace encore::gemv
