@@ -26,18 +26,20 @@ using pipeline::Pipeline;
 
 constexpr int kMaxBatch = 64, kContext = 4096, kStepsPerIteration = 8;
 
-// One Kimi-Linear pipeline for every decode benchmark (~28 GB of weights, filled once).
+// One Kimi-Linear pipeline for every decode benchmark (~28 GB of weights, filled once), and one of
+// the preset with its MLA layers made KDA layers (ModelConfig::with_kda_for_mla) for the
+// megakernel at two blocks per SM, built on first use.
 struct DecodeSetup {
   std::unique_ptr<Pipeline> pipe;
   cudaStream_t stream = nullptr;
   Status status;  // why the setup failed (then every decode benchmark skips with it)
 
-  DecodeSetup() : status(init()) {}
-  Status init() {
+  explicit DecodeSetup(const pipeline::ModelConfig& config) : status(init(config)) {}
+  Status init(const pipeline::ModelConfig& config) {
     pipeline::BufferOptions o;
     o.max_batch = kMaxBatch, o.max_slots = kMaxBatch;
     o.max_pages_per_seq = kContext / 64, o.max_pages = kMaxBatch * o.max_pages_per_seq;
-    ENCORE_RETURN_IF_ERROR(Pipeline::create(pipeline::ModelConfig::kimi_linear_48b(), o, pipe));
+    ENCORE_RETURN_IF_ERROR(Pipeline::create(config, o, pipe));
     BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     ENCORE_RETURN_IF_ERROR(pipe->fill_random_weights(0x5EED, stream));
     ENCORE_RETURN_IF_ERROR(pipe->reset_state(stream));
@@ -45,8 +47,12 @@ struct DecodeSetup {
     return {};
   }
 };
-DecodeSetup& setup() {
-  static DecodeSetup s;
+DecodeSetup& setup(bool kda_for_mla = false) {
+  if (kda_for_mla) {
+    static DecodeSetup kda(pipeline::ModelConfig::kimi_linear_48b().with_kda_for_mla());
+    return kda;
+  }
+  static DecodeSetup s(pipeline::ModelConfig::kimi_linear_48b());
   return s;
 }
 
@@ -60,18 +66,29 @@ pipeline::StepInputs step_inputs(int batch, int vocab) { return decode_inputs(ba
 
 enum class Path { kEager, kGraph, kMegakernel };
 
-void BM_Decode(benchmark::State& state, Path path, ops::GemvCore core) {
+// What a decode benchmark runs: the path, the GEMV core, the model, the megakernel's residency.
+struct DecodeRun {
+  Path path;
+  ops::GemvCore core = ops::GemvCore::kAuto;
+  bool kda_for_mla = false;
+  int blocks_per_sm = 1;
+};
+
+void BM_Decode(benchmark::State& state, DecodeRun run) {
   const int batch = int(state.range(0));
-  DecodeSetup& s = setup();
+  const Path path = run.path;
+  DecodeSetup& s = setup(run.kda_for_mla);
   if (!ok(state, s.status)) return;
   Pipeline& p = *s.pipe;
   graphs::DecodeGraph graph;
   pipeline::Megakernel mk;
-  if (!ok(state, p.set_batch(batch)) || !ok(state, p.set_gemv_core(core)) ||
+  if (!ok(state, p.set_batch(batch)) || !ok(state, p.set_gemv_core(run.core)) ||
       !ok(state, p.set_step(step_inputs(batch, p.config().vocab))))
     return;
+  pipeline::MegakernelOptions mk_options;
+  mk_options.blocks_per_sm = run.blocks_per_sm;
   if (path == Path::kGraph && !ok(state, graphs::DecodeGraph::capture(p, s.stream, graph))) return;
-  if (path == Path::kMegakernel && !ok(state, pipeline::Megakernel::build(p, mk))) return;
+  if (path == Path::kMegakernel && !ok(state, pipeline::Megakernel::build(p, mk, mk_options))) return;
   auto step = [&] {
     return path == Path::kGraph ? graph.replay(s.stream) : path == Path::kMegakernel ? mk.run(s.stream) : p.enqueue_step(s.stream);
   };
@@ -186,21 +203,30 @@ void BM_DecodeStages(benchmark::State& state, ops::GemvCore core) {
 }
 
 using ops::GemvCore;
+constexpr auto kMicro = benchmark::kMicrosecond;
 BENCHMARK_CAPTURE(BM_DecodeStages, kimi_linear, GemvCore::kAuto)->Name("decode/kimi_linear/stages")->Arg(1)->Arg(16)
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_Decode, kimi_linear_graph, Path::kGraph, GemvCore::kAuto)->Name("decode/kimi_linear/graph")->Arg(1)->Arg(4)->Arg(16)->Arg(32)->Arg(64)
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_Decode, kimi_linear_megakernel, Path::kMegakernel, GemvCore::kAuto)->Name("decode/kimi_linear/megakernel")->Arg(1)->Arg(4)->Arg(16)->Arg(32)->Arg(64)
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_Decode, kimi_linear_eager, Path::kEager, GemvCore::kAuto)->Name("decode/kimi_linear/eager")->Arg(1)
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+    ->UseManualTime()->Unit(kMicro);
+BENCHMARK_CAPTURE(BM_Decode, kimi_linear_graph, DecodeRun{Path::kGraph})->Name("decode/kimi_linear/graph")
+    ->Arg(1)->Arg(4)->Arg(16)->Arg(32)->Arg(64)->UseManualTime()->Unit(kMicro);
+BENCHMARK_CAPTURE(BM_Decode, kimi_linear_megakernel, DecodeRun{Path::kMegakernel})->Name("decode/kimi_linear/megakernel")
+    ->Arg(1)->Arg(4)->Arg(16)->Arg(32)->Arg(64)->UseManualTime()->Unit(kMicro);
+BENCHMARK_CAPTURE(BM_Decode, kimi_linear_eager, DecodeRun{Path::kEager})->Name("decode/kimi_linear/eager")->Arg(1)
+    ->UseManualTime()->Unit(kMicro);
 // The same steps with the fp16 tensor-core GEMV core (8 tokens and up; below, dp4a as by default).
 BENCHMARK_CAPTURE(BM_DecodeStages, kimi_linear_f16, GemvCore::kMmaF16)->Name("decode/kimi_linear/stages_f16")->Arg(16)
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_Decode, kimi_linear_graph_f16, Path::kGraph, GemvCore::kMmaF16)->Name("decode/kimi_linear/graph_f16")->Arg(16)->Arg(32)->Arg(64)
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_Decode, kimi_linear_megakernel_f16, Path::kMegakernel, GemvCore::kMmaF16)->Name("decode/kimi_linear/megakernel_f16")
-    ->Arg(16)->Arg(32)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond);
+    ->UseManualTime()->Unit(kMicro);
+BENCHMARK_CAPTURE(BM_Decode, kimi_linear_graph_f16, DecodeRun{Path::kGraph, GemvCore::kMmaF16})->Name("decode/kimi_linear/graph_f16")
+    ->Arg(16)->Arg(32)->Arg(64)->UseManualTime()->Unit(kMicro);
+BENCHMARK_CAPTURE(BM_Decode, kimi_linear_megakernel_f16, DecodeRun{Path::kMegakernel, GemvCore::kMmaF16})
+    ->Name("decode/kimi_linear/megakernel_f16")->Arg(16)->Arg(32)->Arg(64)->UseManualTime()->Unit(kMicro);
+// The megakernel at one and two blocks per SM against the graph, on the preset with its MLA layers
+// made KDA layers (two blocks per SM leave too little shared memory for split-KV).
+BENCHMARK_CAPTURE(BM_Decode, kimi_kda_graph, DecodeRun{Path::kGraph, GemvCore::kAuto, true})->Name("decode/kimi_kda/graph")
+    ->Arg(1)->UseManualTime()->Unit(kMicro);
+BENCHMARK_CAPTURE(BM_Decode, kimi_kda_megakernel, DecodeRun{Path::kMegakernel, GemvCore::kAuto, true})
+    ->Name("decode/kimi_kda/megakernel")->Arg(1)->UseManualTime()->Unit(kMicro);
+BENCHMARK_CAPTURE(BM_Decode, kimi_kda_megakernel_2sm, DecodeRun{Path::kMegakernel, GemvCore::kAuto, true, 2})
+    ->Name("decode/kimi_kda/megakernel_2_per_sm")->Arg(1)->UseManualTime()->Unit(kMicro);
 
 }  // namespace
 }  // namespace encore::bench

@@ -29,7 +29,7 @@ declare -A small=(
   [kda]='KdaGpu.OneStep*:KdaGpu.SlotIsolationAndPadding:KdaGpu.BadSlotIdsLeaveStatesUntouched'
   [mla]='MlaGpu.MixedBatchAllHeadCounts:MlaGpu.AppendRopePositionsAndNopeCopy:MlaGpu.BadDeviceInputLeavesCacheUntouched'
   [moe]='MoeTopkGpu.*:MoeRouterGpu.*:MoeExpertsGpu.Small*'
-  [pipeline]='Tiny/MegakernelTiny.*:Tiny/MegakernelGpu.RunsInsideACapturedGraph*:Tiny/PipelineGpu.GraphReplaysMatchEagerStepsBitForBit*:GeneratorTiny.*:PipelineGpuWide.*:MegakernelTinyWide.*'
+  [pipeline]='Tiny/MegakernelTiny.*:Tiny/MegakernelTwoPerSm.*:Tiny/MegakernelGpu.RunsInsideACapturedGraph*:Tiny/PipelineGpu.GraphReplaysMatchEagerStepsBitForBit*:GeneratorTiny.*:PipelineGpuWide.*:MegakernelTinyWide.*'
   [sample]='GreedyGpu.*'
 )
 export ENCORE_MEGAKERNEL_STEPS=4  # the megakernel's bit-identity tests, shortened under the sanitizers

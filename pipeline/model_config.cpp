@@ -42,6 +42,13 @@ Status ModelConfig::layers_from_spec(std::string_view spec, ModelConfig& config)
   return {};
 }
 
+ModelConfig ModelConfig::with_kda_for_mla() const {
+  ModelConfig c = *this;
+  c.name = name + "-kda";
+  for (Attention& a : c.attention) a = Attention::kKda;
+  return c;
+}
+
 ModelConfig ModelConfig::tiny(bool rope) {
   ModelConfig c;
   c.name = rope ? "tiny-rope" : "tiny";

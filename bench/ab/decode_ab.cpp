@@ -8,6 +8,9 @@
 //
 //   encore_ab [--batches 1,4,16] [--contexts 1024,4096,16384,32768] [--long 131072]
 //             [--steps 10] [--rounds 7] [--out DIR] [--trace] [--gemv-core auto|dp4a|int8|f16]
+//             [--model kimi|kimi-kda] [--blocks-per-sm 1|2]
+// kimi-kda is the preset with every MLA layer made a KDA layer: the model the megakernel can run at
+// two blocks per SM (--blocks-per-sm 2; the split-KV body needs more than half an SM).
 // Without a CUDA device it says so and exits with status 1.
 #include <algorithm>
 #include <cstdio>
@@ -42,6 +45,8 @@ struct Options {
   std::string out = "out";
   bool trace = false;  // also one traced megakernel step per point: where its time goes
   encore::ops::GemvCore gemv_core = encore::ops::GemvCore::kAuto;  // the Q4_K GEMV stages' core, both paths
+  bool kda_for_mla = false;  // --model kimi-kda
+  int blocks_per_sm = 1;     // the megakernel's resident blocks per SM
 };
 
 std::vector<int> parse_list(const char* s) {
@@ -58,7 +63,8 @@ bool parse(int argc, char** argv, Options& o) {
     const char* next = i + 1 < argc ? argv[i + 1] : nullptr;
     if (a == "--help" || a == "-h") {
       std::printf("usage: encore_ab [--batches 1,4,16] [--contexts 1024,4096,16384,32768] [--long 131072 (batch 1; 0: none)]\n"
-                  "                 [--steps 10] [--rounds 7] [--out DIR] [--trace] [--gemv-core auto|dp4a|int8|f16]\n");
+                  "                 [--steps 10] [--rounds 7] [--out DIR] [--trace] [--gemv-core auto|dp4a|int8|f16]\n"
+                  "                 [--model kimi|kimi-kda] [--blocks-per-sm 1|2]\n");
       std::exit(0);
     }
     if (a == "--trace") {
@@ -80,6 +86,13 @@ bool parse(int argc, char** argv, Options& o) {
       else if (c == "int8") o.gemv_core = GemvCore::kMma;
       else if (c == "f16") o.gemv_core = GemvCore::kMmaF16;
       else return false;
+    } else if (a == "--model") {
+      const std::string m = next;
+      if (m == "kimi") o.kda_for_mla = false;
+      else if (m == "kimi-kda") o.kda_for_mla = true;
+      else return false;
+    } else if (a == "--blocks-per-sm") {
+      o.blocks_per_sm = std::atoi(next);
     } else return false;
     ++i;
   }
@@ -210,7 +223,8 @@ int main(int argc, char** argv) {
   }
   const auto& f = encore::bench::device_facts();
   std::printf("device %s: %d SMs, measured read %.0f GB/s\n", f.name.c_str(), f.sms, f.read_bw_bytes_per_s * 1e-9);
-  const encore::pipeline::ModelConfig config = encore::pipeline::ModelConfig::kimi_linear_48b();
+  const encore::pipeline::ModelConfig kimi = encore::pipeline::ModelConfig::kimi_linear_48b();
+  const encore::pipeline::ModelConfig config = o.kda_for_mla ? kimi.with_kda_for_mla() : kimi;
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
@@ -233,8 +247,10 @@ int main(int argc, char** argv) {
     encore::graphs::DecodeGraph graph;
     check(encore::graphs::DecodeGraph::capture(*p, stream, graph), "DecodeGraph::capture");
     Megakernel mk, traced;
-    check(Megakernel::build(*p, mk), "Megakernel::build");
-    encore::pipeline::MegakernelOptions trace_options;
+    encore::pipeline::MegakernelOptions mk_options;
+    mk_options.blocks_per_sm = o.blocks_per_sm;
+    check(Megakernel::build(*p, mk, mk_options), "Megakernel::build");
+    encore::pipeline::MegakernelOptions trace_options = mk_options;
     trace_options.trace = true;
     if (o.trace) check(Megakernel::build(*p, traced, trace_options), "Megakernel::build (trace)");
     std::printf("batch %d: graph of %zu nodes, megakernel of %zu instructions on %d blocks, %zu B shared memory\n", batch,
@@ -271,8 +287,8 @@ int main(int argc, char** argv) {
   const std::string json = o.out + "/ab.json", png = o.out + "/ab.png";
   if (std::system(("mkdir -p '" + o.out + "'").c_str()) != 0) std::fprintf(stderr, "encore_ab: cannot create %s\n", o.out.c_str());
   if (FILE* j = std::fopen(json.c_str(), "w")) {
-    std::fprintf(j, "{\n  \"device\": \"%s\",\n  \"read_GBps\": %.1f,\n  \"model\": \"kimi_linear_48b\",\n  \"rows\": [\n", f.name.c_str(),
-                 f.read_bw_bytes_per_s * 1e-9);
+    std::fprintf(j, "{\n  \"device\": \"%s\",\n  \"read_GBps\": %.1f,\n  \"model\": \"%s\",\n  \"megakernel_blocks_per_sm\": %d,\n  \"rows\": [\n",
+                 f.name.c_str(), f.read_bw_bytes_per_s * 1e-9, config.name.c_str(), o.blocks_per_sm);
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::fprintf(j, "    {\"batch\": %d, \"context\": %d, \"graph_us\": %.2f, \"megakernel_us\": %.2f, \"floor_us\": %.2f, "

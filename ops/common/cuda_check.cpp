@@ -1,5 +1,6 @@
 #include "common/cuda_check.h"
 
+#include <algorithm>
 #include <array>
 #include <mutex>
 
@@ -53,17 +54,21 @@ constexpr int kMaxDevices = 64;
 struct DeviceFacts {
   int sms = 0;
   int smem_optin = 0;
+  int smem_per_sm = 0;
+  int smem_reserved_per_block = 0;
 };
 DeviceFacts facts_of_current_device() {
   static std::array<DeviceFacts, kMaxDevices> cache{};
   static std::mutex mutex;
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return {132, 232448};
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return {132, 232448, 233472, 1024};
   std::lock_guard lock(mutex);
   DeviceFacts& f = cache[device];
   if (f.sms == 0) {
     cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, device);
     cudaDeviceGetAttribute(&f.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    cudaDeviceGetAttribute(&f.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+    cudaDeviceGetAttribute(&f.smem_reserved_per_block, cudaDevAttrReservedSharedMemoryPerBlock, device);
   }
   return f;
 }
@@ -71,5 +76,10 @@ DeviceFacts facts_of_current_device() {
 
 int sm_count() { return facts_of_current_device().sms; }
 int max_shared_memory_per_block() { return facts_of_current_device().smem_optin; }
+int max_shared_memory_per_block(int blocks_per_sm) {
+  const DeviceFacts f = facts_of_current_device();
+  if (blocks_per_sm <= 1) return f.smem_optin;
+  return std::min(f.smem_optin, f.smem_per_sm / blocks_per_sm - f.smem_reserved_per_block);
+}
 
 }  // namespace encore::detail

@@ -38,6 +38,8 @@ Status check_disjoint(const char* op, std::initializer_list<BufferSpan> inputs, 
 int sm_count();
 // Opt-in shared memory per block of the current device (cached per device).
 int max_shared_memory_per_block();
+// The most dynamic shared memory each of `blocks_per_sm` co-resident blocks can have.
+int max_shared_memory_per_block(int blocks_per_sm);
 
 }  // namespace encore::detail
 

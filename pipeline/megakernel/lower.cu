@@ -62,9 +62,11 @@ class Lowering {
 
   Status run() {
     out_ = Program{};
-    out_.grid = target_.sms;
     ENCORE_REQUIRE(target_.sms >= 1 && target_.smem_per_block > kReservedSmem, StatusCode::kInvalidArgument,
                    "megakernel: the target needs SMs and shared memory");
+    ENCORE_REQUIRE(target_.blocks_per_sm == 1 || target_.blocks_per_sm == 2, StatusCode::kInvalidArgument,
+                   "megakernel: blocks_per_sm must be 1 or 2 (got ", target_.blocks_per_sm, ")");
+    out_.grid = target_.sms * target_.blocks_per_sm;
     // The split-KV scheduler reads only the step's inputs: first, so its plan is ready long before
     // the first MLA layer needs it.
     for (std::size_t i = 0; i < stages_.size(); ++i)
@@ -72,13 +74,16 @@ class Lowering {
     for (std::size_t i = 0; i < stages_.size(); ++i)
       if (stages_[i].kind != StageKind::kMlaSched) ENCORE_RETURN_IF_ERROR(lower_stage(int(i)));
     ENCORE_RETURN_IF_ERROR(link());
+    const Node* largest = nullptr;
     for (Node& n : nodes_) {
+      if (!largest || n.info.smem > largest->info.smem) largest = &n;
       out_.smem = std::max(out_.smem, n.info.smem);
       out_.instructions.push_back(n.ins);
       out_.info.push_back(n.info);
     }
-    ENCORE_REQUIRE(out_.smem <= body_smem(), StatusCode::kUnsupported, "megakernel: an instruction needs ", out_.smem,
-                   " bytes of shared memory, a block has ", body_smem(), " beside the program's ", kReservedSmem);
+    ENCORE_REQUIRE(out_.smem <= body_smem(), StatusCode::kUnsupported, "megakernel: ", largest ? largest->info.name : "",
+                   " needs ", out_.smem, " bytes of shared memory; a block has ", body_smem(), " beside the program's ",
+                   kReservedSmem, " at ", target_.blocks_per_sm, " block(s) per SM");
     out_.smem += kReservedSmem;
     // Block b runs lane (b + lane_offset) mod grid of every instruction that has that many tiles.
     const int count = int(out_.instructions.size()), grid = out_.grid;
@@ -272,7 +277,7 @@ class Lowering {
     const ops::MoeExpertsParams& m = stages_[si].params.moe_experts;
     const bool in_block = m.batch <= moe::kTokensPerPass;
     moe::ExpertsPlan plan;
-    ENCORE_RETURN_IF_ERROR(moe::plan_experts_for_grid(m, target_.sms, body_smem(), in_block, &plan));
+    ENCORE_RETURN_IF_ERROR(moe::plan_experts_for_grid(m, out_.grid, body_smem(), in_block, &plan));
     moe::ExpertsTileParams e = plan.params;
     e.h_settled = in_block;
     const char* ws_end = static_cast<const char*>(m.workspace) + m.workspace_bytes;
@@ -297,8 +302,8 @@ class Lowering {
       l.info.accesses = {ids, weights, list, chunks, flag};
     }
     const int passes = moe::max_passes(m.batch, m.num_experts, m.num_shared, m.top_k, e.tokens_per_pass);
-    const int gate_up_lanes = std::min(target_.sms, passes * moe::gate_up_row_groups(m.inter));
-    const int down_lanes = std::min(target_.sms, passes * moe::down_row_chunks(m.hidden));
+    const int gate_up_lanes = std::min(out_.grid, passes * moe::gate_up_row_groups(m.inter));
+    const int down_lanes = std::min(out_.grid, passes * moe::down_row_chunks(m.hidden));
     const int slot = take_map_slots(4, [m, plan](CUtensorMap* maps) {
       return moe::encode_experts_maps(m, plan, reinterpret_cast<moe::StreamMaps*>(maps), reinterpret_cast<moe::StreamMaps*>(maps + 2));
     });

@@ -35,8 +35,9 @@
 namespace encore::pipeline::megakernel {
 
 struct Target {
-  int sms = 0;                     // the device's SM count: the GEMV plans and the grid (one block per SM)
+  int sms = 0;                     // the device's SM count: the GEMV plans (the graph path's)
   std::size_t smem_per_block = 0;  // opt-in dynamic shared memory per block
+  int blocks_per_sm = 1;           // resident blocks per SM: the grid is sms * blocks_per_sm
 };
 
 // Maps an instruction needs, encoded by the caller into table slots [slot, slot + count).
@@ -65,7 +66,7 @@ struct Program {
   std::vector<InstructionInfo> info;
   std::vector<MapRequest> maps;
   int map_slots = 0;
-  int grid = 0;          // blocks (one per SM)
+  int grid = 0;          // blocks: Target::sms * Target::blocks_per_sm
   int tokens = 1;        // the GEMV token tier the kernel is instantiated for
   std::size_t smem = 0;  // dynamic shared memory: the program's slots and schedule + the most any body needs
   // Per block, the instructions it has a tile of: [grid][count + 1], row = {length, indices...}.

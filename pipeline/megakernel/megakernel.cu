@@ -51,7 +51,10 @@ Status Megakernel::build(Pipeline& pipeline, Megakernel& out, const MegakernelOp
   ENCORE_CUDA_TRY(cudaGetDevice(&ordinal));
   ENCORE_CUDA_TRY(cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, ordinal));
   ENCORE_REQUIRE(cooperative, StatusCode::kUnsupported, "Megakernel::build: the device does not support cooperative launches");
-  const megakernel::Target target{detail::sm_count(), std::size_t(detail::max_shared_memory_per_block())};
+  ENCORE_REQUIRE(options.blocks_per_sm == 1 || options.blocks_per_sm == 2, StatusCode::kInvalidArgument,
+                 "Megakernel::build: blocks_per_sm must be 1 or 2 (got ", options.blocks_per_sm, ")");
+  const megakernel::Target target{detail::sm_count(), std::size_t(detail::max_shared_memory_per_block(options.blocks_per_sm)),
+                                  options.blocks_per_sm};
 
   // Lowered twice: first to size the device allocation, then with the map table's real address.
   megakernel::Program program;
@@ -85,14 +88,15 @@ Status Megakernel::build(Pipeline& pipeline, Megakernel& out, const MegakernelOp
     ENCORE_CUDA_TRY(cudaMemcpy(base + layout.maps, maps.data(), maps.size() * sizeof(CUtensorMap), cudaMemcpyHostToDevice));
   ENCORE_CUDA_TRY(cudaMemset(base + layout.counters, 0, layout.total - layout.counters));
 
-  // One block per SM must be co-resident with the program's shared memory.
-  const void* kernel = megakernel::kernel_for_tokens(program.tokens);
+  // blocks_per_sm blocks per SM must be co-resident with the program's shared memory.
+  const void* kernel = megakernel::kernel_for(program.tokens, options.blocks_per_sm);
   ENCORE_REQUIRE(kernel, StatusCode::kInvalidArgument, "Megakernel::build: no kernel for token tier ", program.tokens);
   ENCORE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(program.smem)));
   int per_sm = 0;
   ENCORE_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBlockThreads, program.smem));
-  ENCORE_REQUIRE(per_sm >= 1, StatusCode::kUnsupported, "Megakernel::build: a block of ", kBlockThreads, " threads with ",
-                 program.smem, " bytes of shared memory does not fit on an SM (registers or shared memory)");
+  ENCORE_REQUIRE(per_sm >= options.blocks_per_sm, StatusCode::kUnsupported, "Megakernel::build: ", options.blocks_per_sm,
+                 " block(s) of ", kBlockThreads, " threads with ", program.smem, " bytes of shared memory do not fit on an SM (",
+                 per_sm, " do: registers or shared memory)");
 
   mk.pipeline_ = &pipeline;
   mk.batch_ = pipeline.batch();

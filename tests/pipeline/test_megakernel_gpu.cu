@@ -144,6 +144,49 @@ INSTANTIATE_TEST_SUITE_P(Tiny, MegakernelTiny,
                                   (info.param.stress ? "_Stress" : "");
                          });
 
+// Two blocks per SM (MegakernelOptions::blocks_per_sm = 2: twice the lanes, bodies capped at 128
+// registers and half the shared memory): the tiny model with its MLA layers made KDA layers (the
+// split-KV body needs more than half an SM's shared memory), against the graph bit for bit, also
+// with stress. With MLA layers the build is refused before anything runs.
+struct TwoPerSmCase {
+  int batch;
+  bool stress;
+};
+class MegakernelTwoPerSm : public ::testing::TestWithParam<TwoPerSmCase> {};
+
+TEST_P(MegakernelTwoPerSm, MatchesTheGraphBitForBit) {
+  ENCORE_REQUIRE_GPU();
+  const ModelConfig c = ModelConfig::tiny().with_kda_for_mla();
+  BufferOptions o;
+  o.max_batch = 3, o.max_slots = 4, o.max_pages = 16, o.max_pages_per_seq = 4;
+  std::unique_ptr<Pipeline> p;
+  ENCORE_OK(Pipeline::create(c, o, p));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(seed);
+  ENCORE_OK(p->fill_random_weights(seed, stream));
+  ENCORE_OK(p->set_batch(GetParam().batch));
+  DecodeGraph graph;
+  ENCORE_OK(DecodeGraph::capture(*p, stream, graph));
+  MegakernelOptions options;
+  options.blocks_per_sm = 2;
+  options.stress = GetParam().stress;
+  options.stress_seed = std::uint32_t(seed) | 1u;
+  Megakernel mk;
+  ENCORE_OK(Megakernel::build(*p, mk, options));
+  EXPECT_EQ(mk.grid(), 2 * test::sm_count());
+  expect_paths_agree(*p, graph, mk, StepPlan{p->batch(), 4, 4}, int(test::env_int("ENCORE_MEGAKERNEL_STEPS", 64)), stream);
+  ENCORE_OK(mk.read_status(stream));
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, MegakernelTwoPerSm,
+                         ::testing::Values(TwoPerSmCase{3, false}, TwoPerSmCase{1, false}, TwoPerSmCase{3, true}),
+                         [](const auto& info) {
+                           return "B" + std::to_string(info.param.batch) + (info.param.stress ? "_Stress" : "");
+                         });
+
 // Beyond 16 rows (the GEMVs in stages of 16 rows, the last one partly pad rows): the tiny model
 // at 40 rows, every row its own slot and pages; on the default GEMV core and on the fp16 one.
 TEST(MegakernelTinyWide, MatchesTheGraphBitForBit) {
@@ -269,6 +312,14 @@ TEST_P(MegakernelGpu, BadOptionsFailBeforeAnythingRuns) {
   EXPECT_EQ(mk.run(stream).code(), StatusCode::kInvalidArgument);
   o.break_dependency_of = 0;  // the embedding has no producer
   EXPECT_EQ(Megakernel::build(*p, mk, o).code(), StatusCode::kInvalidArgument);
+  o.break_dependency_of = -1;
+  o.blocks_per_sm = 3;
+  EXPECT_EQ(Megakernel::build(*p, mk, o).code(), StatusCode::kInvalidArgument);
+  o.blocks_per_sm = 2;  // this model has MLA layers: split-KV does not fit half an SM
+  const Status s = Megakernel::build(*p, mk, o);
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported);
+  EXPECT_NE(s.message().find("mla.splitkv"), std::string::npos) << s.message();
+  EXPECT_FALSE(mk.valid());
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, MegakernelGpu, ::testing::Values(TinyCase{true, 3, false}),

@@ -209,9 +209,56 @@ TEST(MegakernelLower, ProloguesWaitOnlyForSettledData) {
 TEST(MegakernelLower, RejectsWhatTheTargetCannotHold) {
   const std::vector<Stage> stages = stages_of(ModelConfig::tiny(), 3, 3);
   Program p;
-  EXPECT_EQ(lower(stages, Target{132, 64 * 1024}, nullptr, &p).code(), StatusCode::kUnsupported);  // split-KV needs ~207 KB
+  const Status small = lower(stages, Target{132, 64 * 1024}, nullptr, &p);  // split-KV needs ~207 KB
+  EXPECT_EQ(small.code(), StatusCode::kUnsupported);
+  EXPECT_NE(small.message().find("mla.splitkv"), std::string::npos) << small.message();
   EXPECT_EQ(lower(stages, Target{0, 232448}, nullptr, &p).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(lower(stages, Target{132, 232448, 3}, nullptr, &p).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(lower(stages, kH200, nullptr, nullptr).code(), StatusCode::kNullPointer);
+}
+
+// Two blocks per SM (MegakernelOptions::blocks_per_sm): twice the lanes, every body within half the
+// SM's shared memory. Models without MLA layers fit where their GEMVs' plans do (Kimi at batch 1;
+// at batch 4 the dense down projection's plan keeps all of K = 9216 in shared memory); with MLA,
+// the split-KV body does not. The errors name the instruction.
+const Target kH200TwoPerSm{132, 233472 / 2 - 1024, 2};
+
+TEST(MegakernelLower, TwoBlocksPerSmWithoutMla) {
+  struct Case {
+    const char* name;
+    ModelConfig config;
+    int batch, max_batch;
+  };
+  const Case cases[] = {{"tiny, KDA only", ModelConfig::tiny().with_kda_for_mla(), 3, 3},
+                        {"kimi b1, KDA only", ModelConfig::kimi_linear_48b().with_kda_for_mla(), 1, 16}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::vector<Stage> stages = stages_of(c.config, c.batch, c.max_batch);
+    const Program one = lowered(stages), two = lowered(stages, kH200TwoPerSm);
+    EXPECT_EQ(two.grid, 2 * kH200.sms);
+    EXPECT_LE(two.smem, kH200TwoPerSm.smem_per_block);
+    ASSERT_EQ(one.instructions.size(), two.instructions.size());
+    // The GEMVs run the same plan (hence the same sums) at either residency; only ring depths differ.
+    for (std::size_t i = 0; i < one.instructions.size(); ++i) {
+      if (one.instructions[i].h.op != Opcode::kGemv) continue;
+      gemv::GemvTileParams a = one.instructions[i].params.gemv.p, b = two.instructions[i].params.gemv.p;
+      EXPECT_EQ(a.row_groups, b.row_groups) << one.info[i].name;
+      EXPECT_EQ(a.rows_per_warp, b.rows_per_warp) << one.info[i].name;
+      EXPECT_EQ(a.chunk_blocks, b.chunk_blocks) << one.info[i].name;
+      EXPECT_EQ(a.mma, b.mma) << one.info[i].name;
+      EXPECT_EQ(a.mma_part_bits, b.mma_part_bits) << one.info[i].name;
+      EXPECT_EQ(a.slot_blocks, b.slot_blocks) << one.info[i].name;
+      EXPECT_EQ(one.instructions[i].h.tiles, two.instructions[i].h.tiles) << one.info[i].name;
+    }
+    check_dependencies(two);
+  }
+  Program p;
+  const Status mla = lower(stages_of(ModelConfig::kimi_linear_48b(), 1, 16), kH200TwoPerSm, nullptr, &p);
+  EXPECT_EQ(mla.code(), StatusCode::kUnsupported);
+  EXPECT_NE(mla.message().find("mla.splitkv"), std::string::npos) << mla.message();
+  const Status b4 = lower(stages_of(ModelConfig::kimi_linear_48b().with_kda_for_mla(), 4, 16), kH200TwoPerSm, nullptr, &p);
+  EXPECT_EQ(b4.code(), StatusCode::kUnsupported);
+  EXPECT_NE(b4.message().find("dense.down"), std::string::npos) << b4.message();
 }
 
 }  // namespace

@@ -44,6 +44,11 @@ struct MegakernelOptions {
   // Profiling: every launch records, per instruction and block, when the block reached it, when
   // its producers released it and when it signalled (read with trace()). Costs a little time.
   bool trace = false;
+  // Resident 256-thread blocks per SM: 1, or 2 (twice the warps to hide latency; every body then
+  // gets at most half the SM's shared memory and 128 registers per thread). build() refuses 2
+  // with kUnsupported, naming the instruction, when a body needs more shared memory: today the
+  // MLA split-KV body, so only models without MLA layers run at 2. The results are the same bits.
+  int blocks_per_sm = 1;
 };
 
 // One instruction of the program, for inspection (tests, traces).
@@ -72,8 +77,8 @@ class Megakernel final : public DecodeStep {
   Megakernel() = default;
 
   // Lowers pipeline.stages() (its current batch), encodes the tensor maps, uploads the program and
-  // checks that one block per SM is co-resident with the shared memory the program needs. On error
-  // nothing is kept.
+  // checks that options.blocks_per_sm blocks per SM are co-resident with the shared memory the
+  // program needs. On error nothing is kept.
   static Status build(Pipeline& pipeline, Megakernel& out, const MegakernelOptions& options = {});
 
   bool valid() const { return device_ != nullptr; }

@@ -82,6 +82,9 @@ struct ModelConfig {
   // (dense / MoE MLP); e.g. "KdKeKeMe" is Kimi-Linear's first four layers. The dims are kept, so
   // kimi_linear_48b() with a short spec is a full-width model of a few layers.
   static Status layers_from_spec(std::string_view spec, ModelConfig& config);
+  // The same model with every MLA layer made a KDA layer (the MLPs kept): what the megakernel can
+  // run at two blocks per SM (MegakernelOptions::blocks_per_sm).
+  ModelConfig with_kda_for_mla() const;
 
   // Every Q4_K input dim a multiple of 256, routing consistent (k <= kept * E / groups), ...
   Status validate() const;
