@@ -23,10 +23,9 @@
 // serves all MLA layers: a sequence uses the same page ids in each layer's pool).
 #pragma once
 
-#include <encore/ops/q4k_gemv.h>
-
 #include <cstdint>
 
+#include <encore/ops/q4k_gemv.h>
 #include <encore/pipeline/model_config.h>
 #include <encore/pipeline/tensor_arena.h>
 
