@@ -112,6 +112,7 @@ struct Step {
   int* ids;
   float* weights;
   void* router_ws;
+  std::int32_t* router_counter;  // the one-kernel router's (zero between calls)
   void* experts_ws;
   std::vector<int> host_ids;
 };
@@ -189,6 +190,8 @@ std::vector<Step>& steps(const Model& m, int batch, double& expert_bytes) {
       st.ids = static_cast<int*>(device_alloc(std::size_t(batch) * m.s.top_k * 4));
       st.weights = static_cast<float*>(device_alloc(std::size_t(batch) * m.s.top_k * 4));
       st.router_ws = device_alloc(ops::moe_router_workspace_bytes(batch, m.s.num_experts, m.s.hidden));
+      st.router_counter = static_cast<std::int32_t*>(device_alloc(sizeof(std::int32_t)));
+      BENCH_CUDA(cudaMemset(st.router_counter, 0, sizeof(std::int32_t)));
       st.experts_ws = device_alloc(ops::moe_experts_workspace_bytes(ops::kMaxMoeBatch, m.s.num_experts, m.s.num_shared, m.s.top_k, m.s.hidden, m.s.inter));
       throw_if_error(ops::moe_router(router_params(m, st, batch), nullptr));
       st.host_ids.resize(std::size_t(batch) * m.s.top_k);
@@ -210,7 +213,8 @@ double router_bytes(const Shape& s) { return double(s.num_experts) * s.hidden * 
 // input the other parts see normalised, so both route alike (up to fp32 rounding).
 enum class Part { kRouter, kExperts, kLayer, kLayerNorm };
 
-void run_moe(benchmark::State& state, const Shape& shape, Part part) {
+// one_kernel_router: the router in one kernel (MoeRouterParams::counter), as the pipeline runs it.
+void run_moe(benchmark::State& state, const Shape& shape, Part part, bool one_kernel_router = false) {
   const int batch = int(state.range(0));
   Model& m = model(shape);
   double expert_bytes = 0;
@@ -220,6 +224,7 @@ void run_moe(benchmark::State& state, const Shape& shape, Part part) {
       state,
       [&](int i, cudaStream_t stream) {
         ops::MoeRouterParams r = router_params(m, st[i], batch);
+        if (one_kernel_router) r.counter = st[i].router_counter;
         ops::MoeExpertsParams e = experts_params(m, st[i], batch, i % kWeightCopies);
         if (part == Part::kLayerNorm) {
           r.h = e.h = st[i].raw;
@@ -395,6 +400,8 @@ void BM_moe_kimi_topk(benchmark::State& state) {
 void BM_moe_kimi_layer(benchmark::State& s) { run_moe(s, kKimi, Part::kLayer); }
 void BM_moe_kimi_layer_fused_norm(benchmark::State& s) { run_moe(s, kKimi, Part::kLayerNorm); }
 void BM_moe_kimi_router(benchmark::State& s) { run_moe(s, kKimi, Part::kRouter); }
+void BM_moe_kimi_router_one_kernel(benchmark::State& s) { run_moe(s, kKimi, Part::kRouter, true); }
+void BM_moe_kimi_layer_fused_norm_one_kernel_router(benchmark::State& s) { run_moe(s, kKimi, Part::kLayerNorm, true); }
 void BM_moe_kimi_experts(benchmark::State& s) { run_moe(s, kKimi, Part::kExperts); }
 void BM_moe_kimi_naive_chain(benchmark::State& s) { run_naive(s, kKimi); }
 void BM_moe_kimi_probe_one_kernel(benchmark::State& s) { run_probe(s, false); }
@@ -405,6 +412,8 @@ void BM_moe_ggml_shape_naive_chain(benchmark::State& s) { run_naive(s, kGgml); }
 BENCHMARK(BM_moe_kimi_layer)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
 BENCHMARK(BM_moe_kimi_layer_fused_norm)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
 BENCHMARK(BM_moe_kimi_router)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
+BENCHMARK(BM_moe_kimi_router_one_kernel)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
+BENCHMARK(BM_moe_kimi_layer_fused_norm_one_kernel_router)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
 BENCHMARK(BM_moe_kimi_topk)->Arg(1)->Arg(64)->UseManualTime();
 BENCHMARK(BM_moe_kimi_experts)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
 BENCHMARK(BM_moe_kimi_naive_chain)->Arg(1)->Arg(8)->UseManualTime();

@@ -219,6 +219,7 @@ class Builder {
     r.bias = e.selection_bias ? weight<float>(l, "exp_probs_b.bias") : nullptr;
     r.h = x, r.norm_weight = norm, r.norm_eps = c_.rms_eps, r.hidden = c_.hidden, r.batch = B_, r.topk_ids = ids, r.topk_weights = weights, r.slot_ids = slot_ids;
     r.workspace = buffer<void>("moe.router_ws"), r.workspace_bytes = buffer_bytes("moe.router_ws");
+    r.counter = buffer<std::int32_t>("moe.router_counter");  // one pass: the last block routes
 
     ops::MoeExpertsParams& m = push(StageKind::kMoeExperts, StageRole::kMoeExperts, l, &StageParams::moe_experts);
     m.gate = weight<q4k::Block>(l, "ffn_gate_exps.weight"), m.up = weight<q4k::Block>(l, "ffn_up_exps.weight");
@@ -226,7 +227,7 @@ class Builder {
     m.num_experts = e.experts, m.num_shared = e.shared_experts, m.top_k = e.top_k;
     m.hidden = c_.hidden, m.inter = e.expert_width, m.batch = B_, m.max_batch = o_.max_batch;
     m.h = x, m.norm_weight = norm, m.norm_eps = c_.rms_eps, m.x = x, m.topk_ids = ids, m.topk_weights = weights, m.slot_ids = slot_ids;
-    m.h_settled = true;  // the router's kernels run between x's last writer and the experts
+    m.h_settled = true;  // the router runs between x's last writer and the experts
     m.workspace = buffer<void>("moe.experts_ws"), m.workspace_bytes = buffer_bytes("moe.experts_ws");
     m.error_flag = buffer<int>("flags.moe");
   }

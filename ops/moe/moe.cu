@@ -34,6 +34,15 @@ __global__ void __launch_bounds__(kBlockThreads) router_topk_kernel(const __grid
   moe::router_topk_body<P>(p, device::GridRange{}, smem, wait);
 }
 
+// Logits and routing in one kernel (MoeRouterParams::counter): the last block to finish routes.
+template <int P>
+__global__ void __launch_bounds__(kBlockThreads) router_fused_kernel(const __grid_constant__ RouterGemvParams g,
+                                                                     const __grid_constant__ RouterTopkParams t, int* counter) {
+  extern __shared__ __align__(16) char smem[];
+  device::PdlWait wait;
+  moe::router_fused_body<P>(g, t, counter, device::GridRange{}, smem, wait);
+}
+
 // Prepare: the work list (tile 0) and the int8 activations of h (tiles 1..).
 __global__ void __launch_bounds__(kBlockThreads) moe_prepare_kernel(const __grid_constant__ ExpertsTileParams p, int tiles) {
   extern __shared__ __align__(16) char smem[];
@@ -265,6 +274,19 @@ RouterTopkParams topk_params(const MoeRoutingConfig& c, const float* logits, int
 }
 
 // One instantiation per experts-per-lane width (validate_routing_config bounds E by 512 = 32 x 16).
+Status launch_fused_router(const RouterGemvParams& g, const RouterTopkParams& t, int* counter, cudaStream_t stream) {
+  const int tiles = moe::router_gemv_tiles(g);
+  const std::size_t smem = moe::router_fused_smem_bytes(t.config.num_experts);
+  const char* name = "moe router kernel";
+  switch (moe::topk_lane_width(t.config.num_experts)) {
+    case 1: return detail::launch(router_fused_kernel<1>, tiles, smem, stream, true, name, g, t, counter);
+    case 2: return detail::launch(router_fused_kernel<2>, tiles, smem, stream, true, name, g, t, counter);
+    case 4: return detail::launch(router_fused_kernel<4>, tiles, smem, stream, true, name, g, t, counter);
+    case 8: return detail::launch(router_fused_kernel<8>, tiles, smem, stream, true, name, g, t, counter);
+    default: return detail::launch(router_fused_kernel<16>, tiles, smem, stream, true, name, g, t, counter);
+  }
+}
+
 Status launch_topk(const RouterTopkParams& t, cudaStream_t stream) {
   const int tiles = moe::router_topk_tiles(t.batch);
   const std::size_t smem = moe::router_topk_smem_bytes(t.config.num_experts);
@@ -327,6 +349,7 @@ Status moe_router_validate(const MoeRouterParams& a) {
   ENCORE_RETURN_IF_ERROR(validate_outputs(op, a.config, a.batch, a.topk_ids, a.topk_weights));
   if (a.logits) ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.logits, 4, "logits"));
   if (a.slot_ids) ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.slot_ids, 4, "slot_ids"));
+  if (a.counter) ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.counter, 4, "counter"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer(op, a.workspace, 16, "workspace"));
   const std::size_t need = moe_router_workspace_bytes(a.batch, E, a.hidden);
   ENCORE_REQUIRE(a.workspace_bytes >= need, StatusCode::kOutOfRange, op, ": workspace holds ", a.workspace_bytes,
@@ -340,7 +363,7 @@ Status moe_router_validate(const MoeRouterParams& a) {
       {{a.weight, w_bytes, "router weight"}, {a.h, h_bytes, "h"}, {a.bias, std::size_t(E) * 4, "bias"},
        {a.slot_ids, std::size_t(a.batch) * 4, "slot_ids"}, {a.norm_weight, std::size_t(a.hidden) * 4, "norm_weight"}},
       {{a.topk_ids, slot_bytes, "topk_ids"}, {a.topk_weights, slot_bytes, "topk_weights"}, {a.logits, logit_bytes, "logits"},
-       {a.workspace, need, "workspace"}}));
+       {a.workspace, need, "workspace"}, {a.counter, a.counter ? sizeof(std::int32_t) : 0, "counter"}}));
   return {};
 }
 
@@ -363,6 +386,8 @@ moe::RouterPlan router_plan(const MoeRouterParams& a) {
   if (a.norm_weight) r.topk.sum_squares = g.sum_squares, r.topk.hidden = a.hidden, r.topk.eps = a.norm_eps;
   r.topk_lane_width = moe::topk_lane_width(a.config.num_experts);
   r.topk_smem = moe::router_topk_smem_bytes(a.config.num_experts);
+  r.counter = a.counter;
+  r.fused_smem = moe::router_fused_smem_bytes(a.config.num_experts);
   return r;
 }
 }  // namespace
@@ -371,6 +396,7 @@ Status moe_router(const MoeRouterParams& a, cudaStream_t stream) {
   ENCORE_RETURN_IF_ERROR(moe_router_validate(a));
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   const moe::RouterPlan r = router_plan(a);
+  if (r.counter) return launch_fused_router(r.gemv, r.topk, r.counter, stream);
   ENCORE_RETURN_IF_ERROR(detail::launch(router_gemv_kernel, moe::router_gemv_tiles(r.gemv), 0, stream, true, "moe router gemv kernel", r.gemv));
   return launch_topk(r.topk, stream);
 }

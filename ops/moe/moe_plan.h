@@ -19,6 +19,8 @@ struct RouterPlan {
   RouterTopkParams topk;
   int topk_lane_width = 1;  // experts per lane of the top-k body (its template parameter P)
   std::size_t topk_smem = 0;
+  int* counter = nullptr;   // set: one fused pass (router_fused_body), with fused_smem bytes
+  std::size_t fused_smem = 0;
 };
 Status plan_router(const ops::MoeRouterParams& p, RouterPlan* out);
 

@@ -8,6 +8,8 @@
 //                      of a 64-bit shuffle maximum on (value desc, index asc) keys, renormalise,
 //                      scale. P = experts per lane is a template parameter, so every per-lane
 //                      array stays in registers and no loop runs over absent entries.
+//   router_fused_body: both in one pass; the last block to finish its GEMV tiles (an integer
+//                      arrival counter it resets) routes every token.
 #pragma once
 
 #include <cfloat>
@@ -60,6 +62,11 @@ __host__ __device__ inline int router_gemv_tiles(const RouterGemvParams& p) {
 __host__ __device__ inline int router_topk_tiles(int batch) { return (batch + kWarpsPerBlock - 1) / kWarpsPerBlock; }
 __host__ __device__ constexpr std::size_t router_topk_smem_bytes(int num_experts) {
   return std::size_t(kWarpsPerBlock) * num_experts * sizeof(float);
+}
+// The fused body's: a flag, then the top-k's.
+inline constexpr std::size_t kRouterFusedFlagBytes = 16;
+__host__ __device__ constexpr std::size_t router_fused_smem_bytes(int num_experts) {
+  return kRouterFusedFlagBytes + router_topk_smem_bytes(num_experts);
 }
 
 // 8 consecutive router weights at `at` (a multiple of 8) as floats.
@@ -187,7 +194,8 @@ __device__ void router_topk_warp(const RouterTopkParams& p, int token, float* ch
   for (int i = 0; i < P; ++i) present[i] = lane * P + i < E;
   // The slot id, the bias and the slices' partials are loaded together (one round trip at the
   // common slice counts, not one per slice); the partials are then added in slice order. The
-  // partials come from the GEMV tiles (coherent loads); bias and slot ids are settled inputs.
+  // partials come from the GEMV tiles, of this launch in the fused body and the megakernel:
+  // loads through L2 (ld.cg), never a stale L1 line; bias and slot ids are settled inputs.
   const bool pad = device::is_pad_row(p.slot_ids, token);
   float bias[P];
 #pragma unroll
@@ -203,8 +211,8 @@ __device__ void router_topk_warp(const RouterTopkParams& p, int token, float* ch
     for (int j = 0; j < kSlicesInFlight; ++j) {
       const float* row = p.logits + (std::int64_t(s0 + j) * p.batch + token) * E + lane * P;
 #pragma unroll
-      for (int i = 0; i < P; ++i) part[j][i] = s0 + j < p.slices && present[i] ? row[i] : 0.f;
-      sq[j] = p.sum_squares && s0 + j < p.slices ? p.sum_squares[std::int64_t(s0 + j) * p.batch + token] : 0.f;
+      for (int i = 0; i < P; ++i) part[j][i] = s0 + j < p.slices && present[i] ? __ldcg(row + i) : 0.f;
+      sq[j] = p.sum_squares && s0 + j < p.slices ? __ldcg(p.sum_squares + std::int64_t(s0 + j) * p.batch + token) : 0.f;
     }
 #pragma unroll
     for (int j = 0; j < kSlicesInFlight; ++j) {
@@ -366,6 +374,40 @@ __device__ void router_topk_body(const RouterTopkParams& p, const Range& r, char
     const int token = tile * kWarpsPerBlock + warp;
     if (token < p.batch) router_topk_warp<P>(p, token, choice);
   }
+}
+
+// Logits and routing in one pass (ops::MoeRouterParams::counter): the GEMV tiles of the range,
+// then the block whose arrival completes the count routes every token, a warp per token, and
+// resets the counter. `smem`: router_fused_smem_bytes. Release: each block's sums are written
+// (barrier, fence) before it counts; acquire: the last block fences after counting, and the
+// top-k reads the sums through L2.
+template <int P, class Range, class Wait>
+__device__ void router_fused_body(const RouterGemvParams& g, const RouterTopkParams& t, int* counter, const Range& r, char* smem,
+                                  Wait& wait) {
+  const int tiles = router_gemv_tiles(g);
+  if (r.first() < tiles) prefetch_router_rows(g, r.first());
+  wait();
+  int mine = 0;
+  for (int tile = r.first(); tile < tiles; tile += r.stride(), ++mine) router_gemv_tile(g, tile);
+  int* last = reinterpret_cast<int*>(smem);
+  __syncthreads();  // every warp's sums are written
+  if (threadIdx.x == 0) {
+    bool is_last = false;
+    if (mine > 0) {
+      __threadfence();
+      is_last = atomicAdd(counter, mine) + mine == tiles;
+      if (is_last) {
+        __threadfence();
+        *counter = 0;  // the next call starts from zero (no other block touches it after its arrival)
+      }
+    }
+    *last = is_last;
+  }
+  __syncthreads();
+  if (!*last) return;
+  const int warp = threadIdx.x / 32;
+  float* choice = reinterpret_cast<float*>(smem + kRouterFusedFlagBytes) + warp * t.config.num_experts;
+  for (int token = warp; token < t.batch; token += kWarpsPerBlock) router_topk_warp<P>(t, token, choice);
 }
 
 // Experts per lane for E experts: the smallest power of two >= E / 32 (1..16).

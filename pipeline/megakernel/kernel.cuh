@@ -163,6 +163,16 @@ __device__ void run_topk(const RouterTopkOp& op, const TileRange& r, char* smem,
   moe::router_topk_body<P>(op.p, r, smem, wait);
 }
 template <class Wait>
+__device__ void run_router_any(const RouterOp& op, const TileRange& r, char* smem, Wait& wait) {
+  switch (op.lane_width) {
+    case 1: return moe::router_fused_body<1>(op.gemv, op.topk, op.counter, r, smem, wait);
+    case 2: return moe::router_fused_body<2>(op.gemv, op.topk, op.counter, r, smem, wait);
+    case 4: return moe::router_fused_body<4>(op.gemv, op.topk, op.counter, r, smem, wait);
+    case 8: return moe::router_fused_body<8>(op.gemv, op.topk, op.counter, r, smem, wait);
+    default: return moe::router_fused_body<16>(op.gemv, op.topk, op.counter, r, smem, wait);
+  }
+}
+template <class Wait>
 __device__ void run_topk_any(const RouterTopkOp& op, const TileRange& r, char* smem, Wait& wait) {
   switch (op.lane_width) {
     case 1: return run_topk<1>(op, r, smem, wait);
@@ -221,6 +231,8 @@ __device__ __noinline__ void run_op(int slot, const TileRange r, CounterWait& wa
   } else if constexpr (kOp == Opcode::kRouterTopk) {
     const RouterTopkOp& op = ins.params.router_topk;
     run_topk_any(op, r, smem, wait);
+  } else if constexpr (kOp == Opcode::kRouter) {
+    run_router_any(ins.params.router, r, smem, wait);
   } else if constexpr (kOp == Opcode::kMoeList) {
     const moe::ExpertsTileParams& p = ins.params.moe_experts;
     moe::work_list_body(p, r, smem, wait);
@@ -256,6 +268,7 @@ __device__ __forceinline__ void run(int slot, Opcode op, const TileRange r, Coun
     case Opcode::kMlaVUp: return run_op<Opcode::kMlaVUp>(slot, r, wait);
     case Opcode::kRouterGemv: return run_op<Opcode::kRouterGemv>(slot, r, wait);
     case Opcode::kRouterTopk: return run_op<Opcode::kRouterTopk>(slot, r, wait);
+    case Opcode::kRouter: return run_op<Opcode::kRouter>(slot, r, wait);
     case Opcode::kMoeList: return run_op<Opcode::kMoeList>(slot, r, wait);
     case Opcode::kMoeQuantize: return run_op<Opcode::kMoeQuantize>(slot, r, wait);
     case Opcode::kMoeGateUp: return run_op<Opcode::kMoeGateUp>(slot, r, wait);

@@ -257,15 +257,25 @@ class Lowering {
     const ops::MoeRouterParams& r = stages_[si].params.moe_router;
     moe::RouterPlan plan;
     ENCORE_RETURN_IF_ERROR(moe::plan_router(r, &plan));
+    const Access h = rows_of(r.h, r.batch, r.hidden, r.hidden, false);
+    const Access ws = bytes_of(static_cast<const char*>(r.workspace), r.workspace_bytes, true);
+    const std::size_t slots = std::size_t(r.batch) * r.config.top_k * 4;
+    std::vector<Access> routing = {bytes_of(r.topk_ids, slots, true), bytes_of(r.topk_weights, slots, true)};
+    if (r.logits) routing.push_back(bytes_of(r.logits, std::size_t(r.batch) * r.config.num_experts * 4, true));
+    if (plan.counter) {  // one instruction: its last block routes (the counter is reset by it)
+      Node& n = add(Opcode::kRouter, moe::router_gemv_tiles(plan.gemv), si, "moe.router", plan.fused_smem);
+      n.ins.params.router = {plan.gemv, plan.topk, plan.counter, plan.topk_lane_width};
+      n.info.accesses = {h, ws, bytes_of(plan.counter, sizeof(std::int32_t), true)};
+      n.info.accesses.insert(n.info.accesses.end(), routing.begin(), routing.end());
+      return {};
+    }
     Node& g = add(Opcode::kRouterGemv, moe::router_gemv_tiles(plan.gemv), si, "moe.router", 0);
     g.ins.params.router_gemv = plan.gemv;
-    const Access ws = bytes_of(static_cast<const char*>(r.workspace), r.workspace_bytes, true);
-    g.info.accesses = {rows_of(r.h, r.batch, r.hidden, r.hidden, false), ws};
+    g.info.accesses = {h, ws};
     Node& t = add(Opcode::kRouterTopk, moe::router_topk_tiles(r.batch), si, "moe.topk", plan.topk_smem);
     t.ins.params.router_topk = {plan.topk, plan.topk_lane_width};
-    const std::size_t slots = std::size_t(r.batch) * r.config.top_k * 4;
-    t.info.accesses = {read(ws), bytes_of(r.topk_ids, slots, true), bytes_of(r.topk_weights, slots, true)};
-    if (r.logits) t.info.accesses.push_back(bytes_of(r.logits, std::size_t(r.batch) * r.config.num_experts * 4, true));
+    t.info.accesses = {read(ws)};
+    t.info.accesses.insert(t.info.accesses.end(), routing.begin(), routing.end());
     return {};
   }
 

@@ -191,7 +191,9 @@ TEST(MoeTopkGpu, ExactTiesGroupingAndNonFinite) {
 
 // Runs moe_router on device copies of `weight` (fp32 or bf16 bits), h and the optional bias and
 // RMSNorm weight, then checks its logits against `want` (rel. L2 < 1e-5: fp32 accumulation over
-// `hidden` terms) and its routing against the reference top-k of the GPU's own logits.
+// `hidden` terms) and its routing against the reference top-k of the GPU's own logits. Then the
+// one-kernel router (MoeRouterParams::counter) twice: the same bits as the two kernels, and the
+// counter back at zero after each call.
 struct RouterCase {
   MoeRoutingConfig config;
   const void* weight;  // host [E][hidden]
@@ -234,7 +236,21 @@ void check_router(const RouterCase& rc, const std::vector<double>& want, const c
   std::vector<int> ref_ids(ids.size());
   std::vector<double> ref_w(ids.size());
   ref::moe_topk(c, got_logits.data(), rc.bias ? rc.bias->data() : nullptr, rc.batch, ref_ids.data(), ref_w.data());
-  expect_routing_matches(c, {ids.download(), weights.download()}, ref_ids, ref_w, rc.batch);
+  const std::vector<int> two_ids = ids.download();
+  const std::vector<float> two_weights = weights.download();
+  expect_routing_matches(c, {two_ids, two_weights}, ref_ids, ref_w, rc.batch);
+
+  DeviceBuffer<std::int32_t> counter(std::vector<std::int32_t>{0});
+  p.counter = counter.get();
+  for (int call = 0; call < 2; ++call) {
+    SCOPED_TRACE("one kernel, call " + std::to_string(call));
+    logits.poison(), weights.poison(), ids.poison();
+    ENCORE_OK(ops::moe_router(p, nullptr));
+    EXPECT_TRUE(test::bitwise_equal(logits.download().data(), got_logits.data(), got_logits.size() * 4)) << what;
+    EXPECT_EQ(ids.download(), two_ids) << what;
+    EXPECT_TRUE(test::bitwise_equal(weights.download().data(), two_weights.data(), two_weights.size() * 4)) << what;
+    EXPECT_EQ(counter.download()[0], 0) << what;
+  }
 }
 
 TEST(MoeRouterGpu, LogitsAndRoutingFromHiddenState) {
@@ -602,6 +618,8 @@ TEST(MoeExpertsGpu, SmallGraphReplayIsDeterministic) {
   r.topk_weights = weights.get();
   r.workspace = rws.get();
   r.workspace_bytes = rws.bytes();
+  DeviceBuffer<std::int32_t> counter(std::vector<std::int32_t>{0});
+  r.counter = counter.get();  // the one-kernel router, replayed
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   ENCORE_OK(ops::moe_router(r, stream));

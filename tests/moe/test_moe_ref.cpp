@@ -290,6 +290,18 @@ TEST(MoeValidation, RouterRejectsBadInput) {
   EXPECT_EQ(normed([](auto& p) { p.norm_eps = std::nanf(""); }), StatusCode::kInvalidArgument);
   EXPECT_EQ(normed([](auto& p) { p.norm_eps = -1e-6f; }), StatusCode::kInvalidArgument);
   EXPECT_EQ(normed([](auto& p) { p.norm_weight = reinterpret_cast<const float*>(p.topk_weights); }), StatusCode::kOverlap);
+  // The one-kernel router's arrival counter: aligned, and apart from every output.
+  auto counted = [](auto mutate) {
+    auto p = good_router();
+    p.counter = fake<std::int32_t>(9);
+    mutate(p);
+    return ops::moe_router_validate(p).code();
+  };
+  EXPECT_EQ(counted([](auto&) {}), StatusCode::kOk);
+  EXPECT_EQ(counted([](auto& p) { p.counter = reinterpret_cast<std::int32_t*>(reinterpret_cast<std::uintptr_t>(p.counter) + 2); }),
+            StatusCode::kMisaligned);
+  EXPECT_EQ(counted([](auto& p) { p.counter = p.topk_ids + 1; }), StatusCode::kOverlap);
+  EXPECT_EQ(counted([](auto& p) { p.counter = static_cast<std::int32_t*>(p.workspace); }), StatusCode::kOverlap);
 }
 
 TEST(MoeValidation, ExpertsRejectBadInput) {

@@ -164,8 +164,10 @@ TEST(MegakernelLower, MoeLayersAreSeparateInstructions) {
     const std::vector<Opcode> ops = opcodes(p);
     const bool in_block = batch <= 8;
     const int moe_layers = ModelConfig::kimi_linear_48b().count(Mlp::kMoe);
-    for (Opcode op : {Opcode::kRouterGemv, Opcode::kRouterTopk, Opcode::kMoeGateUp, Opcode::kMoeDown})
+    // The pipeline gives the router its arrival counter: logits and routing are one instruction.
+    for (Opcode op : {Opcode::kRouter, Opcode::kMoeGateUp, Opcode::kMoeDown})
       EXPECT_EQ(std::count(ops.begin(), ops.end(), op), moe_layers);
+    EXPECT_EQ(std::count(ops.begin(), ops.end(), Opcode::kRouterGemv) + std::count(ops.begin(), ops.end(), Opcode::kRouterTopk), 0);
     EXPECT_EQ(std::count(ops.begin(), ops.end(), Opcode::kMoeQuantize), in_block ? 0 : moe_layers);
     EXPECT_EQ(std::count(ops.begin(), ops.end(), Opcode::kMoeList), in_block ? 0 : moe_layers);
     for (std::size_t i = 0; i < ops.size(); ++i) {
@@ -179,16 +181,24 @@ TEST(MegakernelLower, MoeLayersAreSeparateInstructions) {
       const std::vector<Opcode> late = producers(ins.h.early_deps, ins.h.early_deps + ins.h.late_deps);
       auto has = [](const std::vector<Opcode>& v, Opcode o) { return std::find(v.begin(), v.end(), o) != v.end(); };
       if (ops[i] == Opcode::kMoeDown)  // its prologue needs the work list (or the routing) only
-        EXPECT_TRUE(has(early, in_block ? Opcode::kRouterTopk : Opcode::kMoeList)) << p.info[i].name;
+        EXPECT_TRUE(has(early, in_block ? Opcode::kRouter : Opcode::kMoeList)) << p.info[i].name;
       if (ops[i] == Opcode::kMoeGateUp && in_block) {  // its prologue quantises x; the routing comes after
-        EXPECT_FALSE(has(early, Opcode::kRouterTopk) || has(early, Opcode::kRouterGemv)) << p.info[i].name;
-        EXPECT_TRUE(has(late, Opcode::kRouterTopk)) << p.info[i].name;
+        EXPECT_FALSE(has(early, Opcode::kRouter)) << p.info[i].name;
+        EXPECT_TRUE(has(late, Opcode::kRouter)) << p.info[i].name;
       }
       if (ops[i] == Opcode::kMoeQuantize)  // the experts' input needs x, not the routing
-        EXPECT_FALSE(has(early, Opcode::kRouterTopk) || has(late, Opcode::kRouterTopk) || has(late, Opcode::kRouterGemv))
-            << p.info[i].name;
+        EXPECT_FALSE(has(early, Opcode::kRouter) || has(late, Opcode::kRouter)) << p.info[i].name;
     }
   }
+  // Without the counter, the router is its GEMV and its top-k.
+  std::vector<Stage> stages = stages_of(ModelConfig::kimi_linear_48b(), 1, 16);
+  for (Stage& s : stages)
+    if (s.kind == StageKind::kMoeRouter) s.params.moe_router.counter = nullptr;
+  const std::vector<Opcode> ops = opcodes(lowered(stages));
+  const int moe_layers = ModelConfig::kimi_linear_48b().count(Mlp::kMoe);
+  for (Opcode op : {Opcode::kRouterGemv, Opcode::kRouterTopk})
+    EXPECT_EQ(std::count(ops.begin(), ops.end(), op), moe_layers);
+  EXPECT_EQ(std::count(ops.begin(), ops.end(), Opcode::kRouter), 0);
 }
 
 // Split-KV's prologue waits for the scheduler only; KDA's for nothing (settled states).

@@ -85,6 +85,10 @@ struct MoeRouterParams {
   const int* slot_ids = nullptr;         // optional [batch] (device); slot_ids[t] < 0: pad row -> ids -1, weights 0
   void* workspace = nullptr;             // moe_router_workspace_bytes(...), 16-byte aligned
   std::size_t workspace_bytes = 0;
+  // Optional: one int32, zero-filled once by the caller; every call leaves it zero again. Given,
+  // moe_router runs one kernel instead of two: the last block to finish the logits (an integer
+  // arrival counter) routes every token. Same results, bit for bit.
+  std::int32_t* counter = nullptr;
 };
 
 std::size_t moe_router_workspace_bytes(int batch, int num_experts, int hidden);

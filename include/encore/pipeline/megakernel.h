@@ -90,7 +90,8 @@ class Megakernel final : public DecodeStep {
   // The launch alone (the caller wrote the step inputs into the pipeline's buffers itself).
   Status launch(cudaStream_t stream) const;
   // Synchronises `stream`; a wait that timed out is reported (then the counters are reset so the
-  // next launch starts clean; the state of the abandoned step is undefined).
+  // next launch starts clean; the state of the abandoned step is undefined: reset the pipeline's
+  // with Pipeline::reset_state before the next step).
   Status read_status(cudaStream_t stream);
 
   // The last launch's timeline (options.trace): one entry per instruction. Synchronises `stream`.

@@ -70,7 +70,8 @@ class Pipeline {
 
   // Synthetic weights (random_weights.h) for tests and benchmarks.
   Status fill_random_weights(std::uint64_t seed, cudaStream_t stream);
-  // Zeroes every KDA state and MLA cache page and clears the error flags (asynchronous).
+  // Zeroes every KDA state and MLA cache page and clears the error flags and the router's arrival
+  // counter (asynchronous). After an abandoned megakernel launch, call it before the next step.
   Status reset_state(cudaStream_t stream);
 
   // Checks the inputs on the host (token ids < vocab; slots in [0, max_slots) and distinct, or -1
