@@ -311,9 +311,9 @@ std::vector<Case> mma_parts_shapes() {
   return out;
 }
 const auto kMmaPartsShapes = mma_parts_shapes();
-// The fp16 core (forced): 5, 8 and 16 tokens; K = 14336 falls back to dp4a (its activations do
-// not fit one chunk). Then every K split, as for the int8 core.
-const auto kF16Shapes = grid({1, 37, 4096}, {256, 2304, 4096, 14336}, {5, 8, 16}, ops::GemvCore::kMmaF16);
+// The fp16 core (forced): 5, 8 and 16 tokens (gate/up at K = 4096 and 16 tokens falls back to
+// dp4a, as Q4kGemvCore.Fp16CoreWhenAskedAndItFits pins). Then every K split, as for the int8 core.
+const auto kF16Shapes = grid({1, 37, 4096}, {256, 2304, 4096}, {5, 8, 16}, ops::GemvCore::kMmaF16);
 std::vector<Case> f16_parts_shapes() {
   std::vector<Case> out;
   for (int parts : {1, 2, 4, 8})
