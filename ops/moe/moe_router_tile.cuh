@@ -172,13 +172,14 @@ __device__ __forceinline__ unsigned long long topk_key(float v, int index) {
 }
 __device__ __forceinline__ int key_index(unsigned long long key) { return int(0xFFFFFFFFu - std::uint32_t(key)); }
 
+// The warp's largest key, as two single-instruction reductions (redux.sync): the largest high
+// word, then the largest low word among the lanes that hold it. The same key as a 64-bit maximum,
+// so the same routing, in a fraction of the five dependent 64-bit shuffle steps.
 __device__ __forceinline__ unsigned long long warp_max(unsigned long long key) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const unsigned long long other = __shfl_xor_sync(0xFFFFFFFFu, key, offset);
-    key = other > key ? other : key;
-  }
-  return key;
+  const std::uint32_t hi = std::uint32_t(key >> 32), lo = std::uint32_t(key);
+  const std::uint32_t best_hi = __reduce_max_sync(0xFFFFFFFFu, hi);
+  const std::uint32_t best_lo = __reduce_max_sync(0xFFFFFFFFu, hi == best_hi ? lo : 0u);
+  return (static_cast<unsigned long long>(best_hi) << 32) | best_lo;
 }
 
 // Routes token `token` with the calling warp; P = experts per lane (lane l holds l*P .. l*P+P-1).
