@@ -134,10 +134,10 @@ struct GemvSmem {
   char* f16_sums = nullptr;
   float* f16_scales = nullptr;
   __device__ char* act_block(int token, int j) const { return act + (std::size_t(token) * chunk_blocks + j) * kActStride; }
-  __device__ char* f16_values(int token, int j) const {
+  __host__ __device__ char* f16_values(int token, int j) const {
     return act + std::size_t(token) * f16_token_pitch + std::size_t(j) * q4k::kF16ValueBlockBytes;
   }
-  __device__ char* f16_sums_of(int token, int j) const {
+  __host__ __device__ char* f16_sums_of(int token, int j) const {
     return f16_sums + (std::size_t(j) * ntok_ + token) * q4k::kF16SumsBytes;
   }
   __device__ float* f16_scale_of(int token, int j) const { return f16_scales + std::size_t(j) * ntok_ + token; }
