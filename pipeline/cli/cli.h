@@ -17,6 +17,7 @@ struct GenerateOptions {
   int batch = 1;              // rows, each fed the same prompt
   std::string path = "graph"; // "graph" or "megakernel"
   std::string logits_out;     // raw fp32 [step][batch][vocab], empty: none
+  std::string gemv_core = "auto";  // the Q4_K GEMVs' core: auto, dp4a, int8 or f16 (BufferOptions::gemv_core)
 };
 int run_generate(const GenerateOptions& options);
 

@@ -64,6 +64,10 @@ int run_generate(const GenerateOptions& o) {
   options.max_batch = o.batch, options.max_slots = o.batch;
   options.max_pages_per_seq = (length + ops::kMlaPageTokens - 1) / ops::kMlaPageTokens;
   options.max_pages = o.batch * options.max_pages_per_seq;
+  options.gemv_core = o.gemv_core == "dp4a"  ? ops::GemvCore::kDp4a
+                      : o.gemv_core == "int8" ? ops::GemvCore::kMma
+                      : o.gemv_core == "f16"  ? ops::GemvCore::kMmaF16
+                                              : ops::GemvCore::kAuto;
   std::unique_ptr<pipeline::Pipeline> p;
   if (const Status s = pipeline::Pipeline::create(config, options, p); !s.ok()) return fail("pipeline", s);
   std::vector<pipeline::TensorSource> plan;

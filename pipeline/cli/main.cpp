@@ -1,5 +1,6 @@
 // The `encore` command: `encore info --model F.gguf`, `encore generate --model F.gguf --prompt-ids
-// 1,2,3 --steps N [--batch B] [--path graph|megakernel] [--logits-out FILE]` (docs/generate.md).
+// 1,2,3 --steps N [--batch B] [--path graph|megakernel] [--logits-out FILE] [--gemv-core C]`
+// (docs/generate.md).
 #include <CLI/CLI.hpp>
 
 #include <encore/pipeline/buffer_layout.h>
@@ -25,6 +26,9 @@ int main(int argc, char** argv) {
   generate->add_option("--batch", g.batch, "rows, each fed the same prompt")->check(CLI::Range(1, encore::pipeline::kMaxPipelineBatch))->capture_default_str();
   generate->add_option("--path", g.path, "decode path")->check(CLI::IsMember({"graph", "megakernel"}))->capture_default_str();
   generate->add_option("--logits-out", g.logits_out, "write every step's fp32 logits, raw little-endian [step][batch][vocab]");
+  generate->add_option("--gemv-core", g.gemv_core, "the Q4_K GEMVs' core (f16: the fp16 tensor-core core, 5+ rows)")
+      ->check(CLI::IsMember({"auto", "dp4a", "int8", "f16"}))
+      ->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
   if (info->parsed()) return encore::cli::run_info(info_model);

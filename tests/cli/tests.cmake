@@ -18,6 +18,7 @@ if(TARGET encore_cli)
   add_test(NAME cli.generate_id_outside_vocab COMMAND ${encore_bin} generate --model ${tiny} --prompt-ids 1,1000000)
   add_test(NAME cli.generate_bad_path COMMAND ${encore_bin} generate --model ${tiny} --prompt-ids 1 --path eager)
   add_test(NAME cli.generate_bad_batch COMMAND ${encore_bin} generate --model ${tiny} --prompt-ids 1 --batch 65)
+  add_test(NAME cli.generate_bad_gemv_core COMMAND ${encore_bin} generate --model ${tiny} --prompt-ids 1 --gemv-core fp8)
   foreach(kind graph megakernel)
     add_test(NAME cli.generate_${kind} COMMAND ${CMAKE_COMMAND} -DENCORE=${encore_bin} -DMODEL=${tiny} -DPATH_KIND=${kind}
              -DOUT=${CMAKE_CURRENT_BINARY_DIR}/cli_logits_${kind}.bin -DVOCAB=512 -P ${CMAKE_CURRENT_LIST_DIR}/check_generate.cmake)
@@ -27,12 +28,14 @@ if(TARGET encore_cli)
            -P ${CMAKE_CURRENT_LIST_DIR}/check_info_refusals.cmake)
   set_tests_properties(cli.info_lists_every_refusal PROPERTIES FIXTURES_REQUIRED cli_tiny SKIP_REGULAR_EXPRESSION "gguf-py not importable")
   set_tests_properties(cli.info cli.info_missing_file cli.info_not_gguf cli.generate_needs_prompt cli.generate_bad_id
-                       cli.generate_id_outside_vocab cli.generate_bad_path cli.generate_bad_batch cli.generate_graph
+                       cli.generate_id_outside_vocab cli.generate_bad_path cli.generate_bad_batch cli.generate_bad_gemv_core cli.generate_graph
                        cli.generate_megakernel PROPERTIES FIXTURES_REQUIRED cli_tiny)
   set_tests_properties(cli.help PROPERTIES PASS_REGULAR_EXPRESSION "generate")
   set_tests_properties(cli.info PROPERTIES PASS_REGULAR_EXPRESSION "encore +runs it")
   set_tests_properties(cli.no_subcommand cli.info_missing_file cli.generate_needs_prompt cli.generate_bad_id
                        cli.generate_bad_path cli.generate_bad_batch PROPERTIES WILL_FAIL TRUE)
+  # (the value's check, not an unknown option, must be what rejects it)
+  set_tests_properties(cli.generate_bad_gemv_core PROPERTIES PASS_REGULAR_EXPRESSION "--gemv-core: fp8 not in")
   set_tests_properties(cli.info_not_gguf PROPERTIES WILL_FAIL TRUE)
   set_tests_properties(cli.generate_id_outside_vocab PROPERTIES PASS_REGULAR_EXPRESSION "outside the vocabulary")
 endif()
