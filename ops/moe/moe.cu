@@ -386,7 +386,7 @@ moe::RouterPlan router_plan(const MoeRouterParams& a) {
   if (a.norm_weight) r.topk.sum_squares = g.sum_squares, r.topk.hidden = a.hidden, r.topk.eps = a.norm_eps;
   r.topk_lane_width = moe::topk_lane_width(a.config.num_experts);
   r.topk_smem = moe::router_topk_smem_bytes(a.config.num_experts);
-  r.counter = a.counter;
+  r.counter = a.batch <= kMoeRouterOnePassMaxBatch ? a.counter : nullptr;
   r.fused_smem = moe::router_fused_smem_bytes(a.config.num_experts);
   return r;
 }

@@ -191,9 +191,9 @@ TEST(MoeTopkGpu, ExactTiesGroupingAndNonFinite) {
 
 // Runs moe_router on device copies of `weight` (fp32 or bf16 bits), h and the optional bias and
 // RMSNorm weight, then checks its logits against `want` (rel. L2 < 1e-5: fp32 accumulation over
-// `hidden` terms) and its routing against the reference top-k of the GPU's own logits. Then the
-// one-kernel router (MoeRouterParams::counter) twice: the same bits as the two kernels, and the
-// counter back at zero after each call.
+// `hidden` terms) and its routing against the reference top-k of the GPU's own logits. Then with
+// MoeRouterParams::counter twice (one kernel up to kMoeRouterOnePassMaxBatch tokens, else still
+// two): the same bits as without, and the counter back at zero after each call.
 struct RouterCase {
   MoeRoutingConfig config;
   const void* weight;  // host [E][hidden]
@@ -258,25 +258,34 @@ TEST(MoeRouterGpu, LogitsAndRoutingFromHiddenState) {
   const auto seed = test::fresh_seed();
   SCOPED_TRACE(seed);
   std::mt19937_64 rng(seed);
-  for (const bool bf16 : {true, false}) {
-    for (MoeRoutingConfig c : {MoeRoutingConfig::kimi_linear(), MoeRoutingConfig::qwen3_moe()}) {
-      const int E = c.num_experts, hidden = 2304, batch = 33;
-      const auto wf = test::random_normal(std::size_t(E) * hidden, rng, 0.f, 0.02f);
-      std::vector<std::uint16_t> wb(wf.size());
-      for (std::size_t i = 0; i < wf.size(); ++i) {
-        const __nv_bfloat16 b = __float2bfloat16(wf[i]);
-        std::memcpy(&wb[i], &b, 2);
-      }
-      const auto h = test::random_normal(std::size_t(batch) * hidden, rng);
-      const auto bias = test::random_uniform(E, rng, -0.1f, 0.1f);
-      const auto dtype = bf16 ? ops::MoeRouterDtype::kBf16 : ops::MoeRouterDtype::kFp32;
-      const void* weight = bf16 ? static_cast<const void*>(wb.data()) : wf.data();
-      std::vector<double> want(std::size_t(batch) * E);
-      ref::moe_router_logits(weight, dtype, h.data(), batch, E, hidden, want.data());
-      const bool biased = c.score == ops::MoeScoreFunc::kSigmoid;
-      check_router({c, weight, dtype, wf.size() * (bf16 ? 2 : 4), &h, biased ? &bias : nullptr, nullptr, batch, hidden},
-                   want, bf16 ? "router logits, bf16 weights" : "router logits, fp32 weights");
+  struct Case {
+    bool bf16;
+    MoeRoutingConfig config;
+    int batch;  // with the counter: one kernel up to kMoeRouterOnePassMaxBatch, then two
+  };
+  std::vector<Case> cases;
+  for (const bool bf16 : {true, false})
+    for (MoeRoutingConfig c : {MoeRoutingConfig::kimi_linear(), MoeRoutingConfig::qwen3_moe()})
+      for (const int batch : {ops::kMoeRouterOnePassMaxBatch, 33}) cases.push_back({bf16, c, batch});
+  for (const Case& k : cases) {
+    const MoeRoutingConfig& c = k.config;
+    const int E = c.num_experts, hidden = 2304, batch = k.batch;
+    SCOPED_TRACE(batch);
+    const auto wf = test::random_normal(std::size_t(E) * hidden, rng, 0.f, 0.02f);
+    std::vector<std::uint16_t> wb(wf.size());
+    for (std::size_t i = 0; i < wf.size(); ++i) {
+      const __nv_bfloat16 b = __float2bfloat16(wf[i]);
+      std::memcpy(&wb[i], &b, 2);
     }
+    const auto h = test::random_normal(std::size_t(batch) * hidden, rng);
+    const auto bias = test::random_uniform(E, rng, -0.1f, 0.1f);
+    const auto dtype = k.bf16 ? ops::MoeRouterDtype::kBf16 : ops::MoeRouterDtype::kFp32;
+    const void* weight = k.bf16 ? static_cast<const void*>(wb.data()) : wf.data();
+    std::vector<double> want(std::size_t(batch) * E);
+    ref::moe_router_logits(weight, dtype, h.data(), batch, E, hidden, want.data());
+    const bool biased = c.score == ops::MoeScoreFunc::kSigmoid;
+    check_router({c, weight, dtype, wf.size() * (k.bf16 ? 2 : 4), &h, biased ? &bias : nullptr, nullptr, batch, hidden}, want,
+                 k.bf16 ? "router logits, bf16 weights" : "router logits, fp32 weights");
   }
 }
 

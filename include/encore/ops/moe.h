@@ -86,11 +86,14 @@ struct MoeRouterParams {
   void* workspace = nullptr;             // moe_router_workspace_bytes(...), 16-byte aligned
   std::size_t workspace_bytes = 0;
   // Optional: one int32, zero-filled once by the caller; every call leaves it zero again. Given,
-  // moe_router runs one kernel instead of two: the last block to finish the logits (an integer
-  // arrival counter) routes every token. Same results, bit for bit.
+  // batches of up to kMoeRouterOnePassMaxBatch tokens run one kernel instead of two: the last block
+  // to finish the logits (an integer arrival counter) routes every token, a warp each (larger
+  // batches would serialise their tokens on its warps, so they keep the two kernels). Same
+  // results, bit for bit.
   std::int32_t* counter = nullptr;
 };
 
+inline constexpr int kMoeRouterOnePassMaxBatch = 8;
 std::size_t moe_router_workspace_bytes(int batch, int num_experts, int hidden);
 // The launcher's argument checks alone, without a device or a launch.
 Status moe_router_validate(const MoeRouterParams& p);

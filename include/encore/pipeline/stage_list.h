@@ -17,8 +17,8 @@
 // Kimi-Linear: 166 stages in 159 dependency levels (kv_append joins q_absorb). The cut of the MoE
 // layer differs from docs/model.md's ([norm + router + top-k + work list] [gate/up] [down]): the norm is
 // fused into both MoE ops and the work list is built inside moe_experts. Graph-path kernels are
-// more than stages: moe_router launches one (the pipeline gives it its arrival counter, so its
-// last block routes) and moe_experts two (up to 8 tokens) or three.
+// more than stages: moe_router launches one up to 8 tokens (the pipeline gives it its arrival
+// counter, so its last block routes) or two, and moe_experts two (up to 8 tokens) or three.
 #pragma once
 
 #include <type_traits>
