@@ -19,7 +19,7 @@ list(APPEND ENCORE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/megakernel/kernel_two_per_sm.cu
   ${CMAKE_CURRENT_LIST_DIR}/megakernel/lower.cu
   ${CMAKE_CURRENT_LIST_DIR}/megakernel/megakernel.cu)
-# The megakernel's op bodies are separate functions (kernel.cu): compiled whole-program, ptxas
+# The megakernel's op bodies are separate functions (kernel.cuh): compiled whole-program, ptxas
 # caps their registers when several are called from one kernel and spills kilobytes in every body;
 # with separable compilation each body gets the full register file (only callee-saved registers
 # are saved, once per call). The library's device link resolves it.

@@ -3,7 +3,7 @@
 // megakernel's grid, its tile count, and its producers: earlier instructions and how many of their
 // tiles must be done this step, split into the producers its prologue needs (waited before the
 // prologue) and the rest (the body's wait()). Built on the host by lower.cu from the pipeline's
-// stage table; run by kernel.cu.
+// stage table; run by kernel.cuh.
 #pragma once
 
 #include <cstddef>
@@ -134,7 +134,7 @@ struct TraceEntry {
 inline constexpr std::size_t kReservedSmem = 1920;
 inline constexpr int kMaxProgram = int((kReservedSmem - 2 * sizeof(Instruction)) / sizeof(std::uint16_t)) - 1;
 struct SmemLayout {
-  Instruction* slots[2];  // (kernel.cu indexes them from the base as well)
+  Instruction* slots[2];  // (kernel.cuh indexes them from the base as well)
   std::uint16_t* schedule;  // [0]: length, then instruction indices
   char* body;
   __host__ __device__ explicit SmemLayout(char* base) {
