@@ -120,25 +120,35 @@ Int8Activations quantize_activations(const float* v, std::int64_t k) {
   return a;
 }
 
+namespace {
+// One Q4_K block's integer codes and scales, as the activation-mimicking references read them.
+struct BlockCodes {
+  std::uint8_t sc[8], m[8], q[256];  // q[32 s + i]: code i of sub-block s
+  double d, dmin;
+  explicit BlockCodes(const q4k::Block& blk) {
+    q4k::unpack_scales(blk, sc, m);
+    d = q4k::half_to_float(blk.d), dmin = q4k::half_to_float(blk.dmin);
+    for (int s = 0; s < 8; ++s)
+      for (int i = 0; i < 32; ++i) {
+        const std::uint8_t byte = blk.qs[32 * (s / 2) + i];
+        q[32 * s + i] = (s % 2 == 0) ? (byte & 0x0F) : (byte >> 4);
+      }
+  }
+};
+}  // namespace
+
 void q4k_gemv_int8(const q4k::Block* w, std::int64_t n, std::int64_t k, const Int8Activations& act, double* y) {
   const std::int64_t blocks = k / q4k::kBlockValues;
   parallel_rows(n, [&](std::int64_t r, std::vector<float>&) {
     double acc = 0;
     for (std::int64_t b = 0; b < blocks; ++b) {
-      const q4k::Block& blk = w[r * blocks + b];
-      std::uint8_t sc[8], m[8];
-      q4k::unpack_scales(blk, sc, m);
-      const double d = q4k::half_to_float(blk.d), dmin = q4k::half_to_float(blk.dmin);
+      const BlockCodes c(w[r * blocks + b]);
       for (int s = 0; s < 8; ++s) {
         const std::int64_t base = b * 256 + 32 * s;
         for (int h = 0; h < 2; ++h) {
           long dot = 0;
-          for (int i = 16 * h; i < 16 * h + 16; ++i) {
-            const std::uint8_t byte = blk.qs[32 * (s / 2) + i];
-            const int q = (s % 2 == 0) ? (byte & 0x0F) : (byte >> 4);
-            dot += long(q) * act.codes[base + i];
-          }
-          acc += d * sc[s] * act.scales[base / 32] * double(dot) - dmin * m[s] * act.sums[base / 16 + h];
+          for (int i = 16 * h; i < 16 * h + 16; ++i) dot += long(c.q[32 * s + i]) * act.codes[base + i];
+          acc += c.d * c.sc[s] * act.scales[base / 32] * double(dot) - c.dmin * c.m[s] * act.sums[base / 16 + h];
         }
       }
     }
@@ -183,20 +193,13 @@ void q4k_gemv_f16(const q4k::Block* w, std::int64_t n, std::int64_t k, const F16
   parallel_rows(n, [&](std::int64_t r, std::vector<float>&) {
     double acc = 0;
     for (std::int64_t b = 0; b < blocks; ++b) {
-      const q4k::Block& blk = w[r * blocks + b];
-      std::uint8_t sc[8], m[8];
-      q4k::unpack_scales(blk, sc, m);
-      const double d = q4k::half_to_float(blk.d), dmin = q4k::half_to_float(blk.dmin);
+      const BlockCodes c(w[r * blocks + b]);
       double dot = 0, mins = 0;
       for (int s = 0; s < 8; ++s) {
-        for (int i = 0; i < 32; ++i) {
-          const std::uint8_t byte = blk.qs[32 * (s / 2) + i];
-          const int q = (s % 2 == 0) ? (byte & 0x0F) : (byte >> 4);
-          dot += double(sc[s] * q) * act.values[b * 256 + 32 * s + i];
-        }
-        mins += 32.0 * m[s] * (double(act.sum_hi[8 * b + s]) + double(act.sum_lo[8 * b + s]));
+        for (int i = 0; i < 32; ++i) dot += double(c.sc[s] * c.q[32 * s + i]) * act.values[b * 256 + 32 * s + i];
+        mins += 32.0 * c.m[s] * (double(act.sum_hi[8 * b + s]) + double(act.sum_lo[8 * b + s]));
       }
-      acc += double(act.block_scale[b]) * (d * dot - dmin * mins);
+      acc += double(act.block_scale[b]) * (c.d * dot - c.dmin * mins);
     }
     y[r] = acc;
   });

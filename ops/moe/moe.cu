@@ -277,27 +277,17 @@ RouterTopkParams topk_params(const MoeRoutingConfig& c, const float* logits, int
 Status launch_fused_router(const RouterGemvParams& g, const RouterTopkParams& t, int* counter, cudaStream_t stream) {
   const int tiles = moe::router_gemv_tiles(g);
   const std::size_t smem = moe::router_fused_smem_bytes(t.config.num_experts);
-  const char* name = "moe router kernel";
-  switch (moe::topk_lane_width(t.config.num_experts)) {
-    case 1: return detail::launch(router_fused_kernel<1>, tiles, smem, stream, true, name, g, t, counter);
-    case 2: return detail::launch(router_fused_kernel<2>, tiles, smem, stream, true, name, g, t, counter);
-    case 4: return detail::launch(router_fused_kernel<4>, tiles, smem, stream, true, name, g, t, counter);
-    case 8: return detail::launch(router_fused_kernel<8>, tiles, smem, stream, true, name, g, t, counter);
-    default: return detail::launch(router_fused_kernel<16>, tiles, smem, stream, true, name, g, t, counter);
-  }
+  return moe::with_lane_width(moe::topk_lane_width(t.config.num_experts), [&](auto p) {
+    return detail::launch(router_fused_kernel<decltype(p)::value>, tiles, smem, stream, true, "moe router kernel", g, t, counter);
+  });
 }
 
 Status launch_topk(const RouterTopkParams& t, cudaStream_t stream) {
   const int tiles = moe::router_topk_tiles(t.batch);
   const std::size_t smem = moe::router_topk_smem_bytes(t.config.num_experts);
-  const char* name = "moe router top-k kernel";
-  switch (moe::topk_lane_width(t.config.num_experts)) {
-    case 1: return detail::launch(router_topk_kernel<1>, tiles, smem, stream, true, name, t);
-    case 2: return detail::launch(router_topk_kernel<2>, tiles, smem, stream, true, name, t);
-    case 4: return detail::launch(router_topk_kernel<4>, tiles, smem, stream, true, name, t);
-    case 8: return detail::launch(router_topk_kernel<8>, tiles, smem, stream, true, name, t);
-    default: return detail::launch(router_topk_kernel<16>, tiles, smem, stream, true, name, t);
-  }
+  return moe::with_lane_width(moe::topk_lane_width(t.config.num_experts), [&](auto p) {
+    return detail::launch(router_topk_kernel<decltype(p)::value>, tiles, smem, stream, true, "moe router top-k kernel", t);
+  });
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 
@@ -409,6 +410,19 @@ __device__ void router_fused_body(const RouterGemvParams& g, const RouterTopkPar
   const int warp = threadIdx.x / 32;
   float* choice = reinterpret_cast<float*>(smem + kRouterFusedFlagBytes) + warp * t.config.num_experts;
   for (int token = warp; token < t.batch; token += kWarpsPerBlock) router_topk_warp<P>(t, token, choice);
+}
+
+// Calls f(std::integral_constant<int, P>{}) for a lane width P of 1, 2, 4, 8 or 16 (larger: 16),
+// the top-k's template parameter: one switch for every launcher and the megakernel.
+template <class F>
+__host__ __device__ decltype(auto) with_lane_width(int lane_width, F&& f) {
+  switch (lane_width) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: return f(std::integral_constant<int, 16>{});
+  }
 }
 
 // Experts per lane for E experts: the smallest power of two >= E / 32 (1..16).

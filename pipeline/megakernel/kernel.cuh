@@ -158,30 +158,6 @@ __device__ void run_gemv(const GemvOp& op, const TileRange& r, char* smem, Wait&
     gemv::gemv_body<NTOK, 1, Core::kDp4a>(p, r, smem, wait);
 }
 
-template <int P, class Wait>
-__device__ void run_topk(const RouterTopkOp& op, const TileRange& r, char* smem, Wait& wait) {
-  moe::router_topk_body<P>(op.p, r, smem, wait);
-}
-template <class Wait>
-__device__ void run_router_any(const RouterOp& op, const TileRange& r, char* smem, Wait& wait) {
-  switch (op.lane_width) {
-    case 1: return moe::router_fused_body<1>(op.gemv, op.topk, op.counter, r, smem, wait);
-    case 2: return moe::router_fused_body<2>(op.gemv, op.topk, op.counter, r, smem, wait);
-    case 4: return moe::router_fused_body<4>(op.gemv, op.topk, op.counter, r, smem, wait);
-    case 8: return moe::router_fused_body<8>(op.gemv, op.topk, op.counter, r, smem, wait);
-    default: return moe::router_fused_body<16>(op.gemv, op.topk, op.counter, r, smem, wait);
-  }
-}
-template <class Wait>
-__device__ void run_topk_any(const RouterTopkOp& op, const TileRange& r, char* smem, Wait& wait) {
-  switch (op.lane_width) {
-    case 1: return run_topk<1>(op, r, smem, wait);
-    case 2: return run_topk<2>(op, r, smem, wait);
-    case 4: return run_topk<4>(op, r, smem, wait);
-    case 8: return run_topk<8>(op, r, smem, wait);
-    default: return run_topk<16>(op, r, smem, wait);
-  }
-}
 
 // The block's dynamic shared memory. Bodies reach it through this symbol, not through a pointer
 // argument: the compiler then knows their accesses are to shared memory (a generic pointer passed
@@ -230,9 +206,12 @@ __device__ __noinline__ void run_op(int slot, const TileRange r, CounterWait& wa
     moe::router_gemv_body(p, r, wait);
   } else if constexpr (kOp == Opcode::kRouterTopk) {
     const RouterTopkOp& op = ins.params.router_topk;
-    run_topk_any(op, r, smem, wait);
+    moe::with_lane_width(op.lane_width, [&](auto p) { moe::router_topk_body<decltype(p)::value>(op.p, r, smem, wait); });
   } else if constexpr (kOp == Opcode::kRouter) {
-    run_router_any(ins.params.router, r, smem, wait);
+    const RouterOp& op = ins.params.router;
+    moe::with_lane_width(op.lane_width, [&](auto p) {
+      moe::router_fused_body<decltype(p)::value>(op.gemv, op.topk, op.counter, r, smem, wait);
+    });
   } else if constexpr (kOp == Opcode::kMoeList) {
     const moe::ExpertsTileParams& p = ins.params.moe_experts;
     moe::work_list_body(p, r, smem, wait);

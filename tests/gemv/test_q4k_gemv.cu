@@ -299,31 +299,22 @@ TEST_P(GateUpQ4kGemvTest, MatchesReference) {
 // it. The Dp4a suites force the dp4a core where the mma core is the default.
 const auto kShapes = grid({1, 37, 4096}, {256, 2304, 4096, 14336}, {1, 3, 5, 16});
 const auto kDp4aShapes = grid({37, 4096}, {256, 2304, 14336}, {5, 16}, ops::GemvCore::kDp4a);
-// The mma core at every K split of its row groups (1, 2, 4, 8 warps per group; n = 37 leaves
+// A tensor-core core at every K split of its row groups (1, 2, 4, 8 warps per group; n = 37 leaves
 // partial groups and tiles, K = 256 leaves warps without K blocks).
-std::vector<Case> mma_parts_shapes() {
+std::vector<Case> parts_shapes(ops::GemvCore core) {
   std::vector<Case> out;
   for (int parts : {1, 2, 4, 8})
-    for (Case c : grid({37, 4096}, {256, 2304, 4096}, {5, 16}, ops::GemvCore::kMma)) {
+    for (Case c : grid({37, 4096}, {256, 2304, 4096}, {5, 16}, core)) {
       c.mma_k_parts = parts;
       out.push_back(c);
     }
   return out;
 }
-const auto kMmaPartsShapes = mma_parts_shapes();
+const auto kMmaPartsShapes = parts_shapes(ops::GemvCore::kMma);
 // The fp16 core (forced): 5, 8 and 16 tokens (gate/up at K = 4096 and 16 tokens falls back to
 // dp4a, as Q4kGemvCore.Fp16CoreWhenAskedAndItFits pins). Then every K split, as for the int8 core.
 const auto kF16Shapes = grid({1, 37, 4096}, {256, 2304, 4096}, {5, 8, 16}, ops::GemvCore::kMmaF16);
-std::vector<Case> f16_parts_shapes() {
-  std::vector<Case> out;
-  for (int parts : {1, 2, 4, 8})
-    for (Case c : grid({37, 4096}, {256, 2304, 4096}, {5, 16}, ops::GemvCore::kMmaF16)) {
-      c.mma_k_parts = parts;
-      out.push_back(c);
-    }
-  return out;
-}
-const auto kF16PartsShapes = f16_parts_shapes();
+const auto kF16PartsShapes = parts_shapes(ops::GemvCore::kMmaF16);
 INSTANTIATE_TEST_SUITE_P(Shapes, Q4kGemvTest, testing::ValuesIn(kShapes), case_name);
 INSTANTIATE_TEST_SUITE_P(Dp4a, Q4kGemvTest, testing::ValuesIn(kDp4aShapes), case_name);
 INSTANTIATE_TEST_SUITE_P(MmaParts, Q4kGemvTest, testing::ValuesIn(kMmaPartsShapes), case_name);
