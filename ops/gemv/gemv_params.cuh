@@ -109,8 +109,8 @@ struct GemvSmem {
     ring_bytes_per_warp = p.slots * slot_size;
     ring = a.take<char>(std::size_t(kWarpsPerBlock) * ring_bytes_per_warp);
     chunk_blocks = p.chunk_blocks;
-    f16 = f16_format;
-    if (f16) {
+    tokens = ntok;
+    if (f16_format) {
       f16_token_pitch = chunk_blocks * q4k::kF16ValueBlockBytes + q4k::kF16TokenPad;
       act = a.take<char>(std::size_t(ntok) * f16_token_pitch, 128);
       f16_sums = a.take<char>(std::size_t(chunk_blocks) * ntok * q4k::kF16SumsBytes);
@@ -118,7 +118,6 @@ struct GemvSmem {
     } else {
       act = a.take<char>(std::size_t(ntok) * chunk_blocks * kActStride);
     }
-    ntok_ = ntok;
     block_ss = a.take<float>(std::size_t(ntok) * chunk_blocks);
     total_ss = a.take<float>(kMaxTokens);
     inv_rms = a.take<float>(kMaxTokens);
@@ -129,8 +128,7 @@ struct GemvSmem {
   float* partials;
   std::size_t bytes;
   // fp16 core: values [token][block] (token rows f16_token_pitch apart), sums and scales [block][token].
-  bool f16 = false;
-  int f16_token_pitch = 0, ntok_ = 0;
+  int f16_token_pitch = 0, tokens = 0;  // tokens: the body's tier (NTOK)
   char* f16_sums = nullptr;
   float* f16_scales = nullptr;
   __device__ char* act_block(int token, int j) const { return act + (std::size_t(token) * chunk_blocks + j) * kActStride; }
@@ -138,9 +136,9 @@ struct GemvSmem {
     return act + std::size_t(token) * f16_token_pitch + std::size_t(j) * q4k::kF16ValueBlockBytes;
   }
   __host__ __device__ char* f16_sums_of(int token, int j) const {
-    return f16_sums + (std::size_t(j) * ntok_ + token) * q4k::kF16SumsBytes;
+    return f16_sums + (std::size_t(j) * tokens + token) * q4k::kF16SumsBytes;
   }
-  __device__ float* f16_scale_of(int token, int j) const { return f16_scales + std::size_t(j) * ntok_ + token; }
+  __device__ float* f16_scale_of(int token, int j) const { return f16_scales + std::size_t(j) * tokens + token; }
 };
 
 
