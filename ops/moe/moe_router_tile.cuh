@@ -407,6 +407,7 @@ __device__ void router_fused_body(const RouterGemvParams& g, const RouterTopkPar
   }
   __syncthreads();
   if (!*last) return;
+  static_assert(ops::kMoeRouterOnePassMaxBatch <= kWarpsPerBlock, "the one-pass form gives every token a warp of its own");
   const int warp = threadIdx.x / 32;
   float* choice = reinterpret_cast<float*>(smem + kRouterFusedFlagBytes) + warp * t.config.num_experts;
   for (int token = warp; token < t.batch; token += kWarpsPerBlock) router_topk_warp<P>(t, token, choice);

@@ -183,8 +183,8 @@ class Lowering {
     ops::GemvLaunch launch;
     launch.core = stages_[si].gemv_core;  // the graph path's core: the same plan, hence the same sums
     ENCORE_RETURN_IF_ERROR(gemv::plan_op(a, target_.sms, &plan, launch));
-    // One block per SM: the launcher's plan (same row split and activation chunks, so the same
-    // sums) with the deepest weight ring that fits beside the program, so one block keeps as many
+    // The launcher's plan (same row split and activation chunks, so the same sums) with the
+    // deepest weight ring that fits beside the program: at one block per SM, one block keeps as many
     // bytes in flight as the launcher's two.
     const std::size_t budget = std::min(kGemvSmemBudget, body_smem());
     auto smem_of = [&](const gemv::GemvTileParams& q) { return gemv::GemvSmem(nullptr, q, plan.tokens, plan.matrices).bytes; };
@@ -287,7 +287,8 @@ class Lowering {
     const ops::MoeExpertsParams& m = stages_[si].params.moe_experts;
     const bool in_block = m.batch <= moe::kTokensPerPass;
     moe::ExpertsPlan plan;
-    ENCORE_RETURN_IF_ERROR(moe::plan_experts_for_grid(m, out_.grid, body_smem(), in_block, &plan));
+    if (Status s = moe::plan_experts_for_grid(m, out_.grid, body_smem(), in_block, &plan); !s.ok())
+      return Status(s.code(), detail::concat(layer_name(stages_[si].layer, "moe.gate_up"), ": ", s.message()));
     moe::ExpertsTileParams e = plan.params;
     e.h_settled = in_block;
     const char* ws_end = static_cast<const char*>(m.workspace) + m.workspace_bytes;

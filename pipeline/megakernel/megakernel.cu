@@ -91,7 +91,12 @@ Status Megakernel::build(Pipeline& pipeline, Megakernel& out, const MegakernelOp
   // blocks_per_sm blocks per SM must be co-resident with the program's shared memory.
   const void* kernel = megakernel::kernel_for(program.tokens, options.blocks_per_sm);
   ENCORE_REQUIRE(kernel, StatusCode::kInvalidArgument, "Megakernel::build: no kernel for token tier ", program.tokens);
-  ENCORE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(program.smem)));
+  // The attribute is the function's, shared by every Megakernel of this tier: only ever raised, so
+  // building a smaller program never breaks an earlier one's launch.
+  cudaFuncAttributes attributes{};
+  ENCORE_CUDA_TRY(cudaFuncGetAttributes(&attributes, kernel));
+  if (std::size_t(attributes.maxDynamicSharedSizeBytes) < program.smem)
+    ENCORE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(program.smem)));
   int per_sm = 0;
   ENCORE_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBlockThreads, program.smem));
   ENCORE_REQUIRE(per_sm >= options.blocks_per_sm, StatusCode::kUnsupported, "Megakernel::build: ", options.blocks_per_sm,
@@ -162,6 +167,8 @@ Status Megakernel::read_status(cudaStream_t stream) {
   if (!r) return {};
   const WaitReport first = *r;
   ENCORE_CUDA_TRY(cudaMemset(static_cast<char*>(device_.get()) + counters_offset_, 0, counters_bytes_));
+  // A router cut off mid-count would make a later call's early block take itself for the last one.
+  if (void* c = pipeline_->buffer("moe.router_counter")) ENCORE_CUDA_TRY(cudaMemset(c, 0, sizeof(std::int32_t)));
   auto name = [&](int i) { return i >= 0 && i < count_ ? program_[i].name : std::string("?"); };
   return Status(StatusCode::kCudaError,
                 detail::concat("megakernel: a wait timed out in step ", first.step, ": instruction ", first.instruction, " (",

@@ -311,9 +311,10 @@ std::vector<Case> parts_shapes(ops::GemvCore core) {
   return out;
 }
 const auto kMmaPartsShapes = parts_shapes(ops::GemvCore::kMma);
-// The fp16 core (forced): 5, 8 and 16 tokens (gate/up at K = 4096 and 16 tokens falls back to
-// dp4a, as Q4kGemvCore.Fp16CoreWhenAskedAndItFits pins). Then every K split, as for the int8 core.
-const auto kF16Shapes = grid({1, 37, 4096}, {256, 2304, 4096}, {5, 8, 16}, ops::GemvCore::kMmaF16);
+// The fp16 core (forced): 5, 8, 12 (the 16-token tier with pad tokens) and 16 tokens (gate/up at
+// K = 4096 and 16 tokens falls back to dp4a, as Q4kGemvCore.Fp16CoreWhenAskedAndItFits pins). Then
+// every K split, as for the int8 core.
+const auto kF16Shapes = grid({1, 37, 4096}, {256, 2304, 4096}, {5, 8, 12, 16}, ops::GemvCore::kMmaF16);
 const auto kF16PartsShapes = parts_shapes(ops::GemvCore::kMmaF16);
 INSTANTIATE_TEST_SUITE_P(Shapes, Q4kGemvTest, testing::ValuesIn(kShapes), case_name);
 INSTANTIATE_TEST_SUITE_P(Dp4a, Q4kGemvTest, testing::ValuesIn(kDp4aShapes), case_name);

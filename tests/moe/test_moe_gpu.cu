@@ -244,7 +244,9 @@ void check_router(const RouterCase& rc, const std::vector<double>& want, const c
   p.counter = counter.get();
   for (int call = 0; call < 2; ++call) {
     SCOPED_TRACE("one kernel, call " + std::to_string(call));
-    logits.poison(), weights.poison(), ids.poison();
+    // The workspace too: a last block that read another block's sums before they were visible, or
+    // that routed early, would otherwise read the two-kernel run's identical sums.
+    logits.poison(), weights.poison(), ids.poison(), ws.poison();
     ENCORE_OK(ops::moe_router(p, nullptr));
     EXPECT_TRUE(test::bitwise_equal(logits.download().data(), got_logits.data(), got_logits.size() * 4)) << what;
     EXPECT_EQ(ids.download(), two_ids) << what;
@@ -604,8 +606,9 @@ TEST(MoeExpertsGpu, SmallGraphReplayIsDeterministic) {
   const auto seed = test::fresh_seed();
   SCOPED_TRACE(seed);
   std::mt19937_64 rng(seed);
-  // Router + experts captured once, replayed twice from the same x: bitwise equal results.
-  const int E = 8, k = 2, hidden = 512, inter = 256, batch = 8;
+  // Router + experts captured once, replayed twice from the same x: bitwise equal results. The
+  // hidden width gives the router two K slices, so the one-pass router's arrival runs over blocks.
+  const int E = 8, k = 2, hidden = 1024, inter = 256, batch = 8;
   ExpertModel m({E, 1, k, hidden, inter}, seed);
   MoeRoutingConfig c = MoeRoutingConfig::qwen3_moe();
   c.num_experts = E, c.top_k = k;
@@ -654,6 +657,7 @@ TEST(MoeExpertsGpu, SmallGraphReplayIsDeterministic) {
     CUDA_OK(cudaGraphLaunch(exec, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
     EXPECT_TRUE(test::bitwise_equal(d_x.download().data(), eager.data(), eager.size() * 4)) << "replay " << rep;
+    EXPECT_EQ(counter.download()[0], 0) << "replay " << rep;
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);

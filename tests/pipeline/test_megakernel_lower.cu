@@ -232,9 +232,9 @@ TEST(MegakernelLower, RejectsWhatTheTargetCannotHold) {
 }
 
 // Two blocks per SM (MegakernelOptions::blocks_per_sm): twice the lanes, every body within half the
-// SM's shared memory. Models without MLA layers fit where their GEMVs' plans do (Kimi at batch 1;
-// at batch 4 the dense down projection's plan keeps all of K = 9216 in shared memory); with MLA,
-// the split-KV body does not. The errors name the instruction.
+// SM's shared memory. Models without MLA layers fit where their GEMVs' plans do (Kimi at batches 1
+// and 2; from batch 3, the 4-token tier, the dense down projection's plan keeps all of K = 9216 in
+// shared memory); with MLA, the split-KV body does not. The errors name the instruction.
 const Target kH200TwoPerSm{132, 233472 / 2 - 1024, 2};
 
 TEST(MegakernelLower, TwoBlocksPerSmWithoutMla) {
@@ -264,6 +264,17 @@ TEST(MegakernelLower, TwoBlocksPerSmWithoutMla) {
       EXPECT_EQ(a.slot_blocks, b.slot_blocks) << one.info[i].name;
       EXPECT_EQ(one.instructions[i].h.tiles, two.instructions[i].h.tiles) << one.info[i].name;
     }
+    // The expert streams take one lane per resident block, up to their items: never fewer lanes
+    // than at one block per SM, and more where the items allow.
+    int wider = 0;
+    for (std::size_t i = 0; i < one.instructions.size(); ++i) {
+      const Opcode op = one.instructions[i].h.op;
+      if (op != Opcode::kMoeGateUp && op != Opcode::kMoeDown) continue;
+      EXPECT_GE(two.instructions[i].h.tiles, one.instructions[i].h.tiles) << one.info[i].name;
+      EXPECT_LE(two.instructions[i].h.tiles, two.grid) << one.info[i].name;
+      wider += two.instructions[i].h.tiles > one.instructions[i].h.tiles;
+    }
+    if (c.config.moe.experts >= 256) EXPECT_GT(wider, 0) << "no expert stream took the second block's lanes";
     check_dependencies(two);
   }
   Program p;

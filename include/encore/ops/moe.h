@@ -89,7 +89,8 @@ struct MoeRouterParams {
   // batches of up to kMoeRouterOnePassMaxBatch tokens run one kernel instead of two: the last block
   // to finish the logits (an integer arrival counter) routes every token, a warp each (larger
   // batches would serialise their tokens on its warps, so they keep the two kernels). Same
-  // results, bit for bit.
+  // results, bit for bit. Calls that may run at the same time (other streams) need counters of
+  // their own.
   std::int32_t* counter = nullptr;
 };
 

@@ -1,6 +1,6 @@
 // The megakernel path (docs/megakernel.md): a whole decode step of a Pipeline in one cooperative
 // persistent launch. The stage table is lowered once into a device-resident program of
-// instructions (the same op bodies the graph path's kernels run, planned for one block per SM);
+// instructions (the same op bodies the graph path's kernels run, planned for the resident blocks);
 // every block walks it in order and meets its producers on per-instruction counters in global
 // memory instead of kernel boundaries. Its results are bit-identical to the graph path's.
 //
@@ -89,9 +89,9 @@ class Megakernel final : public DecodeStep {
   bool copies_staged_inputs() const override { return copies_inputs_; }
   // The launch alone (the caller wrote the step inputs into the pipeline's buffers itself).
   Status launch(cudaStream_t stream) const;
-  // Synchronises `stream`; a wait that timed out is reported (then the counters are reset so the
-  // next launch starts clean; the state of the abandoned step is undefined: reset the pipeline's
-  // with Pipeline::reset_state before the next step).
+  // Synchronises `stream`; a wait that timed out is reported (then the dependency counters and the
+  // MoE router's arrival counter are reset so the next launch starts clean; the state of the
+  // abandoned step is undefined: reset it with Pipeline::reset_state before the next step).
   Status read_status(cudaStream_t stream);
 
   // The last launch's timeline (options.trace): one entry per instruction. Synchronises `stream`.
