@@ -101,7 +101,13 @@ __device__ __forceinline__ void warp_sum_to_lanes(float (&v)[kTok], float* out, 
   }
 }
 
+// Tokens whose activation loads one round issues together. A token's sum runs in the same order
+// whatever the round, so fewer (under a register cap: the megakernel at two blocks per SM) change
+// no bit.
+inline constexpr int kRouterTokensPerRound = 4;
+
 // No block-level synchronisation: warps of rows beyond E simply return.
+template <int kTok = kRouterTokensPerRound>
 __device__ inline void router_gemv_tile(const RouterGemvParams& p, int tile) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int expert = (tile / p.slices) * kRouterRowsPerTile + warp;
@@ -130,7 +136,6 @@ __device__ inline void router_gemv_tile(const RouterGemvParams& p, int tile) {
   // kTok tokens per round: all their activation loads are issued before the first FMA. h may have
   // been written earlier in the same launch (the megakernel): coherent loads. A token's sum runs in
   // the same order whatever the batch.
-  constexpr int kTok = 4;
   for (int t0 = 0; t0 < p.batch; t0 += kTok) {
     float4 x[kTok][kRouterSliceBlocks][2];
 #pragma unroll
@@ -358,12 +363,12 @@ __device__ inline void prefetch_router_rows(const RouterGemvParams& p, int tile)
 }
 
 // ---- bodies (common/body.cuh) --------------------------------------------------------------------
-template <class Range, class Wait>
+template <int kTok = kRouterTokensPerRound, class Range, class Wait>
 __device__ void router_gemv_body(const RouterGemvParams& p, const Range& r, Wait& wait) {
   const int tiles = router_gemv_tiles(p);
   if (r.first() < tiles) prefetch_router_rows(p, r.first());
   wait();
-  for (int tile = r.first(); tile < tiles; tile += r.stride()) router_gemv_tile(p, tile);
+  for (int tile = r.first(); tile < tiles; tile += r.stride()) router_gemv_tile<kTok>(p, tile);
 }
 
 // A warp per token; `smem`: router_topk_smem_bytes.
@@ -383,14 +388,14 @@ __device__ void router_topk_body(const RouterTopkParams& p, const Range& r, char
 // resets the counter. `smem`: router_fused_smem_bytes. Release: each block's sums are written
 // (barrier, fence) before it counts; acquire: the last block fences after counting, and the
 // top-k reads the sums through L2.
-template <int P, class Range, class Wait>
+template <int P, int kTok = kRouterTokensPerRound, class Range, class Wait>
 __device__ void router_fused_body(const RouterGemvParams& g, const RouterTopkParams& t, int* counter, const Range& r, char* smem,
                                   Wait& wait) {
   const int tiles = router_gemv_tiles(g);
   if (r.first() < tiles) prefetch_router_rows(g, r.first());
   wait();
   int mine = 0;
-  for (int tile = r.first(); tile < tiles; tile += r.stride(), ++mine) router_gemv_tile(g, tile);
+  for (int tile = r.first(); tile < tiles; tile += r.stride(), ++mine) router_gemv_tile<kTok>(g, tile);
   int* last = reinterpret_cast<int*>(smem);
   __syncthreads();  // every warp's sums are written
   if (threadIdx.x == 0) {

@@ -32,10 +32,19 @@
 #include "pipeline/megakernel/program.cuh"
 #include "pipeline/step_tiles.cuh"
 
+// The unit's register cap (kernel_two_per_sm.cu defines it as 128 before including this file).
+#ifndef ENCORE_MEGAKERNEL_REGISTER_CAP
+#define ENCORE_MEGAKERNEL_REGISTER_CAP 255
+#endif
+
 namespace encore::pipeline::megakernel {
 namespace {
 
 using encore::device::TileRange;
+
+// Bodies whose register needs have a knob that changes no bit: the router GEMV's tokens per
+// round (four need more than 128 registers).
+constexpr int kRouterTokensPerRound = ENCORE_MEGAKERNEL_REGISTER_CAP > 128 ? moe::kRouterTokensPerRound : 2;
 
 __device__ __forceinline__ std::uint32_t load_relaxed(const std::uint32_t* p) {
   std::uint32_t v;
@@ -203,14 +212,14 @@ __device__ __noinline__ void run_op(int slot, const TileRange r, CounterWait& wa
     mla::mla_v_up_body(p, r, wait);
   } else if constexpr (kOp == Opcode::kRouterGemv) {
     const moe::RouterGemvParams& p = ins.params.router_gemv;
-    moe::router_gemv_body(p, r, wait);
+    moe::router_gemv_body<kRouterTokensPerRound>(p, r, wait);
   } else if constexpr (kOp == Opcode::kRouterTopk) {
     const RouterTopkOp& op = ins.params.router_topk;
     moe::with_lane_width(op.lane_width, [&](auto p) { moe::router_topk_body<decltype(p)::value>(op.p, r, smem, wait); });
   } else if constexpr (kOp == Opcode::kRouter) {
     const RouterOp& op = ins.params.router;
     moe::with_lane_width(op.lane_width, [&](auto p) {
-      moe::router_fused_body<decltype(p)::value>(op.gemv, op.topk, op.counter, r, smem, wait);
+      moe::router_fused_body<decltype(p)::value, kRouterTokensPerRound>(op.gemv, op.topk, op.counter, r, smem, wait);
     });
   } else if constexpr (kOp == Opcode::kMoeList) {
     const moe::ExpertsTileParams& p = ins.params.moe_experts;
