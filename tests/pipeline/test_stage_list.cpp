@@ -317,6 +317,20 @@ TEST(StageList, SmallerBatchKeepsMaxBatchSizing) {
   }
 }
 
+// A GEMV stage's output rows, their stride, and the residual it adds (null if none).
+const float* output(const Stage& t) {
+  return t.kind == StageKind::kRmsNormGemv ? t.params.rms_gemv.y : t.kind == StageKind::kGemv ? t.params.gemv.y : t.params.gate_up.h;
+}
+std::int64_t output_stride(const Stage& t, std::int64_t n) {
+  const std::int64_t s = t.kind == StageKind::kRmsNormGemv ? t.params.rms_gemv.y_stride
+                         : t.kind == StageKind::kGemv      ? t.params.gemv.y_stride
+                                                           : t.params.gate_up.h_stride;
+  return s ? s : n;
+}
+const float* residual(const Stage& t) {
+  return t.kind == StageKind::kRmsNormGemv ? t.params.rms_gemv.residual : t.kind == StageKind::kGemv ? t.params.gemv.residual : nullptr;
+}
+
 // Beyond 16 rows every Q4_K GEMV becomes stages of 16 rows each (the 16-token tier), the later
 // ones joining the first; nothing else changes.
 TEST(StageList, BatchesBeyondSixteenRowsRunTheGemvsInStagesOfSixteen) {
@@ -351,9 +365,13 @@ TEST(StageList, BatchesBeyondSixteenRowsRunTheGemvsInStagesOfSixteen) {
         EXPECT_EQ(w.w[0], v.w[0]);
         const std::int64_t stride = t.kind == StageKind::kRmsNormGemv && t.params.rms_gemv.x_stride ? t.params.rms_gemv.x_stride : w.k;
         EXPECT_EQ(input(t), input(s) + std::int64_t(c) * 16 * stride) << "stage " << i + c;
-        // Its 16 rows of output end inside the step arena (the GEMV buffers have gemv_rows rows).
-        const float* y = t.kind == StageKind::kRmsNormGemv ? t.params.rms_gemv.y : t.kind == StageKind::kGemv ? t.params.gemv.y : t.params.gate_up.h;
-        const std::int64_t y_stride = t.kind == StageKind::kRmsNormGemv && t.params.rms_gemv.y_stride ? t.params.rms_gemv.y_stride : w.n;
+        // Its output rows (and the residual they add, read in place) start 16 c rows on, and its
+        // 16 rows end inside the step arena (the GEMV buffers have gemv_rows rows).
+        const float* y = output(t);
+        const std::int64_t y_stride = output_stride(t, w.n);
+        EXPECT_EQ(y, output(s) + std::int64_t(c) * 16 * y_stride) << "stage " << i + c;
+        EXPECT_EQ(residual(t), residual(s) ? residual(s) + std::int64_t(c) * 16 * y_stride : nullptr) << "stage " << i + c;
+        if (t.kind == StageKind::kGemv && t.params.gemv.residual) EXPECT_EQ(residual(t), y) << "stage " << i + c;
         const auto end = reinterpret_cast<std::uintptr_t>(y + 15 * y_stride + w.n);
         EXPECT_LE(end, reinterpret_cast<std::uintptr_t>(b.bases.buffers) + std::uintptr_t(b.buffers.total_bytes())) << "stage " << i + c;
       }

@@ -66,7 +66,8 @@ class Pipeline {
   // Device pointer of a named tensor of the buffer or state arena (null if absent).
   void* buffer(std::string_view name) const;
   void* state_tensor(std::string_view name) const;
-  const float* logits() const { return static_cast<const float*>(buffer("logits")); }  // [max_batch][vocab]
+  // [gemv_rows(max_batch)][vocab]: the step's rows first; rows past them are the GEMVs' pad rows.
+  const float* logits() const { return static_cast<const float*>(buffer("logits")); }
 
   // Synthetic weights (random_weights.h) for tests and benchmarks.
   Status fill_random_weights(std::uint64_t seed, cudaStream_t stream);
