@@ -20,7 +20,7 @@ for path in graph megakernel; do
   build/bin/encore generate --model "$gen/fw.gguf" --prompt-ids "$ids" --steps 1 --path "$path" \
     --logits-out "$gen/fw_$path.bin" > "$out/gen_fw_$path.log" 2>&1
   echo "generate full-width $path rc=$? $(tail -1 "$out/gen_fw_$path.log")"
-  python3 bench/agree/compare.py 163840 "$gen/fw_ref.bin" "$gen/fw_$path.bin" --min-argmax 0.95 --max-rel 0.02 --quiet
+  python3 bench/agree/compare.py 163840 "$gen/fw_ref.bin" "$gen/fw_$path.bin" --min-argmax 0.9 --max-rel 0.02 --quiet
 done
 cmp -s "$gen/fw_graph.bin" "$gen/fw_megakernel.bin" && echo "full-width logits: graph and megakernel same bits" \
   || echo "full-width logits: graph and megakernel DIFFER"

@@ -95,7 +95,7 @@ Status Generator::step(const DecodeStep& decode_step, cudaStream_t stream) {
   auto step_buffer = [&](const char* name) { return static_cast<std::int32_t*>(pipeline_->buffer(name)); };
   ops::GreedyParams p;
   p.logits = pipeline_->logits(), p.logits_stride = pipeline_->config().vocab, p.vocab = pipeline_->config().vocab;
-  p.batch = decode_step.batch();
+  p.batch = rows_;  // rows past the started ones stay pad rows: nothing to sample
   p.token_ids = step_buffer("step.token_ids"), p.positions = step_buffer("step.positions");
   p.seq_lens = step_buffer("step.seq_lens"), p.slot_ids = step_buffer("step.slot_ids");
   p.block_table = step_buffer("step.block_table"), p.max_pages_per_seq = o.max_pages_per_seq, p.max_pages = o.max_pages;

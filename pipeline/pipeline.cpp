@@ -71,6 +71,8 @@ Status Pipeline::create(const ModelConfig& config, const BufferOptions& options,
   ENCORE_CUDA_TRY(cudaMalloc(&p->state_, std::size_t(std::max<std::int64_t>(p->state_layout_.total_bytes(), 256))));
   ENCORE_CUDA_TRY(cudaMallocHost(&p->staging_, std::size_t(p->staging_bytes_)));
   ENCORE_CUDA_TRY(cudaMemset(p->buffers_, 0, std::size_t(p->buffer_layout_.total_bytes())));
+  // (the legacy stream's memset is not ordered before work on the caller's non-blocking streams)
+  ENCORE_CUDA_TRY(cudaDeviceSynchronize());
   std::memset(p->staging_, 0, std::size_t(p->staging_bytes_));
 
   ENCORE_RETURN_IF_ERROR(p->set_batch(p->options_.max_batch));

@@ -87,6 +87,8 @@ Status Megakernel::build(Pipeline& pipeline, Megakernel& out, const MegakernelOp
   if (!maps.empty())
     ENCORE_CUDA_TRY(cudaMemcpy(base + layout.maps, maps.data(), maps.size() * sizeof(CUtensorMap), cudaMemcpyHostToDevice));
   ENCORE_CUDA_TRY(cudaMemset(base + layout.counters, 0, layout.total - layout.counters));
+  // The copies and the memset ran on the legacy stream: done before a launch on any stream.
+  ENCORE_CUDA_TRY(cudaDeviceSynchronize());
 
   // blocks_per_sm blocks per SM must be co-resident with the program's shared memory.
   const void* kernel = megakernel::kernel_for(program.tokens, options.blocks_per_sm);
@@ -166,9 +168,10 @@ Status Megakernel::read_status(cudaStream_t stream) {
     if (w.aborted && (!r || w.instruction < r->instruction)) r = &w;
   if (!r) return {};
   const WaitReport first = *r;
-  ENCORE_CUDA_TRY(cudaMemset(static_cast<char*>(device_.get()) + counters_offset_, 0, counters_bytes_));
+  // On `stream`, so the next launch there finds them zero.
+  ENCORE_CUDA_TRY(cudaMemsetAsync(static_cast<char*>(device_.get()) + counters_offset_, 0, counters_bytes_, stream));
   // A router cut off mid-count would make a later call's early block take itself for the last one.
-  if (void* c = pipeline_->buffer("moe.router_counter")) ENCORE_CUDA_TRY(cudaMemset(c, 0, sizeof(std::int32_t)));
+  if (void* c = pipeline_->buffer("moe.router_counter")) ENCORE_CUDA_TRY(cudaMemsetAsync(c, 0, sizeof(std::int32_t), stream));
   auto name = [&](int i) { return i >= 0 && i < count_ ? program_[i].name : std::string("?"); };
   return Status(StatusCode::kCudaError,
                 detail::concat("megakernel: a wait timed out in step ", first.step, ": instruction ", first.instruction, " (",
