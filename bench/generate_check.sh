@@ -16,6 +16,8 @@ gen=/tmp/encore_gen
 mkdir -p "$gen"
 build/bench/encore_agree_model "$gen/fw.gguf" "$gen/fw_ref.bin" 16 1 layers=KdKeMe int8 > "$out/gen_ref.log" 2>&1
 ids=$(grep '^prompt-ids ' "$out/gen_ref.log" | cut -d' ' -f2)
+# 16 steps against an fp64 reference with the device's int8 activations: one argmax may flip on a
+# near-tie of the 163840 logits (0.9 allows one); the rel. L2 bound is the real check.
 for path in graph megakernel; do
   build/bin/encore generate --model "$gen/fw.gguf" --prompt-ids "$ids" --steps 1 --path "$path" \
     --logits-out "$gen/fw_$path.bin" > "$out/gen_fw_$path.log" 2>&1
