@@ -73,6 +73,7 @@ enum Mode {
   kSchedOnly = 3,
   kLoadsOnly = 5,     // (4 was a bulk-copy variant of the mma.sync body, gone with it)
   kComputeOnly = 6,
+  kSplitKvHalfSm = 7,  // split-KV alone in the tile shape for half an SM (two blocks per SM)
 };
 
 // The split-KV kernel with another variant of the body (mla_splitkv_tile.cuh): for the account of
@@ -171,6 +172,7 @@ void BM_MlaDecode(benchmark::State& state) {
       case kSplitKvOnly: check(mla_splitkv(p, st)); break;
       case kSchedOnly: check(mla_sched(sp, st)); break;
       case kLoadsOnly: launch_variant<V::kLoadsOnly>(p, st); break;
+      case kSplitKvHalfSm: check(mla::mla_splitkv_half_sm(p, st)); break;
       default: launch_variant<V::kComputeOnly>(p, st); break;
     }
   }, std::max(copies, 8), mode == kSchedOnly ? 0.0 : bytes);
@@ -178,13 +180,13 @@ void BM_MlaDecode(benchmark::State& state) {
   state.counters["copies"] = copies;
   static const char* const labels[] = {"attention fused (op)", "splitkv + combine kernels", "splitkv only",
                                        "scheduler only", "(unused)", "splitkv loads only (no math)",
-                                       "splitkv math only (no loads)"};
+                                       "splitkv math only (no loads)", "splitkv only, half-SM tiles (16 heads, 1 slot)"};
   state.SetLabel(labels[mode]);
 }
 
 void mla_shapes(benchmark::internal::Benchmark* b) {
   const std::pair<int, int> shapes[] = {{1, 4096}, {1, 32768}, {1, 131072}, {64, 4096}, {128, 8192}};
-  for (int mode : {kAttention, kUnfused, kSplitKvOnly, kSchedOnly})
+  for (int mode : {kAttention, kUnfused, kSplitKvOnly, kSchedOnly, kSplitKvHalfSm})
     for (auto [batch, len] : shapes) b->Args({batch, len, mode, 0});
   // Account of the split-KV time: loads alone, math alone.
   for (int mode : {kLoadsOnly, kComputeOnly}) b->Args({128, 8192, mode, 0});

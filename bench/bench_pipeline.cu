@@ -28,8 +28,8 @@ using pipeline::Pipeline;
 constexpr int kMaxBatch = 64, kContext = 4096, kStepsPerIteration = 8;
 
 // One Kimi-Linear pipeline for every decode benchmark (~28 GB of weights, filled once), and one of
-// the preset with its MLA layers made KDA layers (ModelConfig::with_kda_for_mla) for the
-// megakernel at two blocks per SM, built on first use.
+// the preset with its MLA layers made KDA layers (ModelConfig::with_kda_for_mla), which separates
+// the megakernel's two blocks per SM from split-KV's tile shape for half an SM; built on first use.
 struct DecodeSetup {
   std::unique_ptr<Pipeline> pipe;
   cudaStream_t stream = nullptr;
@@ -220,8 +220,11 @@ BENCHMARK_CAPTURE(BM_Decode, kimi_linear_graph_f16, DecodeRun{Path::kGraph, Gemv
     ->Arg(16)->Arg(32)->Arg(64)->UseManualTime()->Unit(kMicro);
 BENCHMARK_CAPTURE(BM_Decode, kimi_linear_megakernel_f16, DecodeRun{Path::kMegakernel, GemvCore::kMmaF16})
     ->Name("decode/kimi_linear/megakernel_f16")->Arg(16)->Arg(32)->Arg(64)->UseManualTime()->Unit(kMicro);
-// The megakernel at one and two blocks per SM against the graph, on the preset with its MLA layers
-// made KDA layers (two blocks per SM leave too little shared memory for split-KV).
+// The megakernel at two blocks per SM (batches 1 and 2: from 3 the dense down projection's plan
+// needs more than half an SM), on the preset and on the preset with its MLA layers made KDA layers,
+// each beside its graph and one-block megakernel.
+BENCHMARK_CAPTURE(BM_Decode, kimi_linear_megakernel_2sm, DecodeRun{Path::kMegakernel, GemvCore::kAuto, false, 2})
+    ->Name("decode/kimi_linear/megakernel_2_per_sm")->Arg(1)->Arg(2)->UseManualTime()->Unit(kMicro);
 BENCHMARK_CAPTURE(BM_Decode, kimi_kda_graph, DecodeRun{Path::kGraph, GemvCore::kAuto, true})->Name("decode/kimi_kda/graph")
     ->Arg(1)->UseManualTime()->Unit(kMicro);
 BENCHMARK_CAPTURE(BM_Decode, kimi_kda_megakernel, DecodeRun{Path::kMegakernel, GemvCore::kAuto, true})

@@ -53,4 +53,25 @@ __device__ __forceinline__ void wgmma_m64n32k16_bf16(float (&d)[16], std::uint64
       : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransA));
 }
 
+// The same with N = 16 (B is 16 x 16): d[4j + e], j < 2, in the layout above.
+template <int kTransA>
+__device__ __forceinline__ void wgmma_m64n16k16_bf16(float (&d)[8], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, %11, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransA));
+}
+
+// d (+)= A(64x16) * B(16xN) for N = 16 or 32, as above.
+template <int N, int kTransA>
+__device__ __forceinline__ void wgmma_m64k16_bf16(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate) {
+  static_assert(N == 16 || N == 32, "instantiated for N = 16 and 32");
+  if constexpr (N == 32)
+    wgmma_m64n32k16_bf16<kTransA>(d, desc_a, desc_b, accumulate);
+  else
+    wgmma_m64n16k16_bf16<kTransA>(d, desc_a, desc_b, accumulate);
+}
+
 }  // namespace encore::device

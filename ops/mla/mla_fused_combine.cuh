@@ -28,7 +28,7 @@ __host__ __device__ inline bool fused_combine_fits(int max_splits) {
 }
 
 __device__ __forceinline__ std::int32_t* fused_counter(const MlaAttentionParams& p, int req, int group) {
-  return p.counters + std::int64_t(req) * head_groups(p.num_heads) + group;
+  return p.counters + std::int64_t(req) * head_groups<SplitKvConfig>(p.num_heads) + group;
 }
 
 // Fused combine, arrival: this part's partial of (request, head group) is written (by all
@@ -43,7 +43,7 @@ struct ItemRange {
   int begin, end;
 };
 __device__ inline ItemRange fused_combine_slice(const MlaAttentionParams& p, int group, int split_idx, int splits) {
-  const int head0 = group * Cfg::kRows, heads = min(Cfg::kRows, p.num_heads - head0);
+  const int head0 = group * SplitKvConfig::kRows, heads = min(SplitKvConfig::kRows, p.num_heads - head0);
   const int items = heads * kFloat4PerRow, item0 = head0 * kFloat4PerRow;
   return {item0 + split_idx * items / splits, item0 + (split_idx + 1) * items / splits};
 }
@@ -108,25 +108,25 @@ struct PairPartials {
     const int row = it / kFloat4PerRow;
     const float l = row_sum[row];
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    const float4 v = *reinterpret_cast<const float4*>(o_rows + row * Cfg::kOutStride + (it % kFloat4PerRow) * 4);
+    const float4 v = *reinterpret_cast<const float4*>(o_rows + row * SplitKvConfig::kOutStride + (it % kFloat4PerRow) * 4);
     return make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
   }
 };
 
-static_assert(Cfg::kWarpgroups * Cfg::kRows * Cfg::kPartialStride * 4 >= kCombineRedBytes, "the pair merge reduces in the score partials");
-static_assert(Cfg::kRows * (Cfg::kOutStride + kMlaLatentDim) * 4 <= Cfg::kRingSlots * Cfg::kPageBytes, "O and the partner's partial fit the slots");
+static_assert(SplitKvConfig::kWarpgroups * SplitKvConfig::kRows * SplitKvConfig::kPartialStride * 4 >= kCombineRedBytes, "the pair merge reduces in the score partials");
+static_assert(SplitKvConfig::kRows * (SplitKvConfig::kOutStride + kMlaLatentDim) * 4 <= SplitKvConfig::kRingSlots * SplitKvConfig::kPageBytes, "O and the partner's partial fit the slots");
 
 // Pair merge (all threads), split 0's epilogue: o_rows holds this part's unnormalised O rows
 // ([32][kOutStride], fp32), sm.row_sum / row_max their statistics. Waits for split 1, copies its
 // partial after o_rows, and merges with combine_items: the same bits as storing split 0 and
 // merging both. Resets the counter.
-__device__ inline void fused_pair_merge(const MlaAttentionParams& p, int req, int group, const SplitKvSmem& sm, const float* o_rows) {
+__device__ inline void fused_pair_merge(const MlaAttentionParams& p, int req, int group, const SplitKvSmem<>& sm, const float* o_rows) {
   std::int32_t* counter = fused_counter(p, req, group);
   const int partner = p.num_splits[req] + 1;
-  const int head0 = group * Cfg::kRows, heads = min(Cfg::kRows, p.num_heads - head0);
+  const int head0 = group * SplitKvConfig::kRows, heads = min(SplitKvConfig::kRows, p.num_heads - head0);
   if (threadIdx.x == 0) wait_count_acquire(counter, 1);
   __syncthreads();  // (with thread 0's acquire: the partner's partial is visible to all)
-  float4* staged = reinterpret_cast<float4*>(sm.page + Cfg::kRows * Cfg::kOutStride * 4);  // [heads][128]
+  float4* staged = reinterpret_cast<float4*>(sm.page + SplitKvConfig::kRows * SplitKvConfig::kOutStride * 4);  // [heads][128]
   const float4* src = reinterpret_cast<const float4*>(p.partial_o + (std::int64_t(partner) * p.num_heads + head0) * kMlaLatentDim);
   for (int it = threadIdx.x; it < heads * kFloat4PerRow; it += kBlockThreads) device::cp_async_16(staged + it, src + it);
   device::cp_async_commit();

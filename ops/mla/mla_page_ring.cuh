@@ -33,11 +33,12 @@ struct PageRing {
 };
 
 // Before the first tile: thread 0 initialises the barriers (and warms the tensor map); the block
-// barrier publishes them.
+// barrier publishes them. Cfg: the tile's shape (mla_splitkv_layout.cuh).
+template <class Cfg>
 __device__ inline PageRing page_ring_init(const CUtensorMap* map, char* smem_base) {
   PageRing st;
   st.map = map;
-  st.full = SplitKvSmem(smem_base).page_full;
+  st.full = SplitKvSmem<Cfg>(smem_base).page_full;
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < Cfg::kRingSlots; ++s) dev::barrier_init(st.full + s, 1);
@@ -51,6 +52,7 @@ __device__ inline PageRing page_ring_init(const CUtensorMap* map, char* smem_bas
 // Page `page_id` -> slot s (`slot` its memory); rows >= valid_tokens are zeroed when it lands
 // (wait_page). A page id outside the pool is never read: nothing is copied, the slot is zeroed
 // and the step is flagged. Called by all threads with the same arguments.
+template <class Cfg>
 __device__ inline void issue_page(const MlaAttentionParams& p, PageRing& st, int s, std::int32_t page_id, int valid_tokens,
                                   char* slot) {
   const bool in_pool = page_id >= 0 && page_id < p.cache.num_pages;
@@ -71,6 +73,7 @@ __device__ inline void issue_page(const MlaAttentionParams& p, PageRing& st, int
 
 // Waits for slot s's page, if one is in flight, and zeroes its rows past the sequence (whole
 // 128-byte rows: the swizzle only permutes chunks within a row). All threads.
+template <class Cfg>
 __device__ inline void wait_page(PageRing& st, int s, char* slot) {
   if (!((st.in_flight >> s) & 1)) return;
   dev::barrier_wait(st.full + s, (st.parity >> s) & 1);
@@ -89,20 +92,22 @@ __device__ inline void wait_page(PageRing& st, int s, char* slot) {
 }
 
 // Every copy in flight has landed (before the slots are reused for something else).
+template <class Cfg>
 __device__ inline void drain_pages(PageRing& st, char* slots) {
 #pragma unroll
-  for (int s = 0; s < Cfg::kRingSlots; ++s) wait_page(st, s, slots + s * Cfg::kPageBytes);
+  for (int s = 0; s < Cfg::kRingSlots; ++s) wait_page<Cfg>(st, s, slots + s * Cfg::kPageBytes);
 }
 
 // Plan settled (MlaAttentionParams::plan_settled), before griddepcontrol.wait: starts the copies
 // of the part's first pages but the newest. Returns the first request's pages for splitkv_part.
-__device__ inline RequestPages start_settled_pages(const MlaAttentionParams& p, const MlaPartPlan& plan, char* smem_base,
-                                                   PageRing& st) {
-  const RequestPages r = request_pages(p, plan, plan.begin_req);
-  char* slots = SplitKvSmem(smem_base).page;
+template <class Cfg>
+__device__ inline RequestPages<Cfg> start_settled_pages(const MlaAttentionParams& p, const MlaPartPlan& plan, char* smem_base,
+                                                        PageRing& st) {
+  const RequestPages<Cfg> r = request_pages<Cfg>(p, plan, plan.begin_req);
+  char* slots = SplitKvSmem<Cfg>(smem_base).page;
 #pragma unroll
   for (int s = 0; s < Cfg::kRingSlots; ++s)
-    if (s < r.num_pages && !r.newest(s)) issue_page(p, st, s, r.first_ids[s], r.valid_tokens(s), slots + s * Cfg::kPageBytes);
+    if (s < r.num_pages && !r.newest(s)) issue_page<Cfg>(p, st, s, r.first_ids[s], r.valid_tokens(s), slots + s * Cfg::kPageBytes);
   return r;
 }
 

@@ -23,12 +23,13 @@ Status splitkv_args(const MlaAttentionParams& p, SplitKvArgs* args) {
 
 namespace encore::ops {
 
-int mla_splitkv_num_tiles(const MlaAttentionParams& p) { return p.num_parts * mla::head_groups(p.num_heads); }
+int mla_splitkv_num_tiles(const MlaAttentionParams& p) { return p.num_parts * mla::head_groups<>(p.num_heads); }
 
 namespace {
 
+template <class Cfg = mla::SplitKvConfig>
 Status check_splitkv_smem() {
-  const std::size_t smem = mla::mla_splitkv_smem_bytes();
+  const std::size_t smem = mla::mla_splitkv_smem_bytes<Cfg>();
   ENCORE_REQUIRE(smem <= std::size_t(detail::max_shared_memory_per_block()), StatusCode::kUnsupported,
                  "mla_splitkv: needs ", smem, " bytes of shared memory per block; the device offers ",
                  detail::max_shared_memory_per_block());
@@ -70,3 +71,17 @@ Status mla_attention(const MlaAttentionParams& p, cudaStream_t stream) {
 }
 
 }  // namespace encore::ops
+
+namespace encore::mla {
+
+Status mla_splitkv_half_sm(const MlaAttentionParams& p, cudaStream_t stream) {
+  ENCORE_RETURN_IF_ERROR(ops::mla_validate(p));
+  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
+  ENCORE_RETURN_IF_ERROR(ops::check_splitkv_smem<SplitKvHalfSm>());
+  SplitKvArgs args;
+  ENCORE_RETURN_IF_ERROR(splitkv_args(p, &args));
+  return detail::launch(mla_splitkv_kernel<SplitKvVariant::kOp, false, SplitKvHalfSm>, p.num_parts * head_groups<SplitKvHalfSm>(p.num_heads),
+                        mla_splitkv_smem_bytes<SplitKvHalfSm>(), stream, true, "mla_splitkv_half_sm_kernel", args);
+}
+
+}  // namespace encore::mla

@@ -19,9 +19,15 @@
 
 namespace encore::mla {
 
-struct SplitKvConfig {
-  static constexpr int kRows = 32;  // query heads per tile (the wgmma N)
-  static constexpr int kRingSlots = 2;
+// A tile's shape: kHeads query heads (the wgmma N) and a ring of kSlots page slots, for blocks that
+// run kBlocksPerSm to an SM. The page layout and the per-element math are the same in every shape.
+template <int kHeads, int kSlots, int kResidentPerSm>
+struct SplitKvShape {
+  static constexpr int kRows = kHeads;  // query heads per tile (the wgmma N)
+  static constexpr int kRingSlots = kSlots;
+  static constexpr int kBlocksPerSm = kResidentPerSm;
+  static constexpr int kAccPerThread = kRows / 2;  // fp32 accumulators of one m64 x N wgmma per thread
+  static constexpr int kRowThreads = 8 * kRows;    // threads that copy Q and run the softmax: 8 per head row
   static constexpr int kWarpgroups = kWarpsPerBlock / 4;
   static constexpr int kBlockCols = 64;                                  // values per 128-byte swizzle row
   static constexpr int kColBlocks = kMlaRowDim / kBlockCols;             // 9
@@ -32,11 +38,16 @@ struct SplitKvConfig {
   static constexpr int kOutBlocksPerGroup = kMlaLatentDim / kBlockCols / kWarpgroups;  // P V m64 blocks (4)
   static constexpr int kPartialStride = kMlaPageTokens + 4;  // fp32; conflict-free fragment stores
   static constexpr int kOutStride = kMlaLatentDim + 4;       // fp32 staging of O; conflict-free stores
+  static_assert(kWarpgroups == 2 && kKStepsPerGroup * 16 * 2 == kMlaRowDim);
+  static_assert(kRows % 8 == 0 && kRowThreads <= kBlockThreads && kRingSlots >= 1 && kRingSlots <= 4);
+  static_assert(kRows * kOutStride * 4 <= kPageBytes, "O is staged in a page stage");
 };
-
-static_assert(SplitKvConfig::kWarpgroups == 2 && SplitKvConfig::kKStepsPerGroup * 16 * 2 == kMlaRowDim);
-static_assert(SplitKvConfig::kRows * SplitKvConfig::kOutStride * 4 <= SplitKvConfig::kPageBytes,
-              "O is staged in a page stage");
+// The op's shape: one block per SM (about 207 KB of shared memory), two pages in flight.
+using SplitKvConfig = SplitKvShape<32, 2, 1>;
+// Half an SM's shared memory (the megakernel at two blocks per SM): 16 heads, one page slot; the
+// other block on the SM loads while this one computes. The same bits per (request, head) as the
+// op's shape: each output element runs the same k steps in the same order.
+using SplitKvHalfSm = SplitKvShape<16, 1, 2>;
 
 // The split-KV kernel's parameters: the op's, and the page pool as a TMA tensor map
 // ([num_pages * 64 tokens][576] bf16, boxes of 64 tokens x 64 values), encoded per launch.
@@ -45,6 +56,9 @@ struct SplitKvArgs {
   CUtensorMap pages;
 };
 Status splitkv_args(const MlaAttentionParams& p, SplitKvArgs* args);  // (mla_splitkv.cu)
+// mla_splitkv in the shape for half an SM (SplitKvHalfSm, below): the same outputs, bit for bit, as
+// the op's; for the tests of the shape the megakernel runs at two blocks per SM. (mla_splitkv.cu)
+Status mla_splitkv_half_sm(const MlaAttentionParams& p, cudaStream_t stream);
 // The page pool's tensor map alone (for callers that keep it elsewhere: the megakernel's table).
 Status encode_pages_map(const MlaPagedCache& cache, CUtensorMap* map);
 
@@ -53,14 +67,15 @@ Status encode_pages_map(const MlaPagedCache& cache, CUtensorMap* map);
 // first slots, on stale data).
 enum class SplitKvVariant { kOp, kLoadsOnly, kComputeOnly };
 
+template <class Cfg = SplitKvConfig>
 struct SplitKvSmem {
   char* page;             // [kRingSlots][kColBlocks][64 tokens x 128 B], swizzled
-  char* q;                // [kColBlocks][32 heads x 128 B], swizzled
-  char* probs;            // [32 heads x 128 B]: P as bf16, swizzled
-  float* partial;         // [kWarpgroups][32][kPartialStride]: scores of each k half
-  float* row_max;         // [32] running max, log2 domain
-  float* row_sum;         // [32] running sum of p (fp32)
-  float* row_alpha;       // [32] rescale factor of the current page
+  char* q;                // [kColBlocks][kRows heads x 128 B], swizzled
+  char* probs;            // [kRows heads x 128 B]: P as bf16, swizzled
+  float* partial;         // [kWarpgroups][kRows][kPartialStride]: scores of each k half
+  float* row_max;         // [kRows] running max, log2 domain
+  float* row_sum;         // [kRows] running sum of p (fp32)
+  float* row_alpha;       // [kRows] rescale factor of the current page
   std::uint64_t* page_full;  // [kRingSlots] mbarriers: one phase per page copied into the slot
 
   // The swizzled tiles need 1024-byte aligned addresses: the device aligns the base at run time,
@@ -73,33 +88,35 @@ struct SplitKvSmem {
     const std::size_t pad = encore::device::kSwizzleAtomBytes;
 #endif
     encore::device::SmemAllocator a(base + pad);
-    page = a.take<char>(std::size_t(SplitKvConfig::kRingSlots) * SplitKvConfig::kPageBytes, encore::device::kSwizzleAtomBytes);
-    q = a.take<char>(std::size_t(SplitKvConfig::kColBlocks) * SplitKvConfig::kQColBlockBytes, encore::device::kSwizzleAtomBytes);
-    probs = a.take<char>(SplitKvConfig::kRows * 128, encore::device::kSwizzleAtomBytes);
-    partial = a.take<float>(SplitKvConfig::kWarpgroups * SplitKvConfig::kRows * SplitKvConfig::kPartialStride);
-    row_max = a.take<float>(SplitKvConfig::kRows);
-    row_sum = a.take<float>(SplitKvConfig::kRows);
-    row_alpha = a.take<float>(SplitKvConfig::kRows);
-    page_full = a.take<std::uint64_t>(SplitKvConfig::kRingSlots, 8);
+    page = a.take<char>(std::size_t(Cfg::kRingSlots) * Cfg::kPageBytes, encore::device::kSwizzleAtomBytes);
+    q = a.take<char>(std::size_t(Cfg::kColBlocks) * Cfg::kQColBlockBytes, encore::device::kSwizzleAtomBytes);
+    probs = a.take<char>(Cfg::kRows * 128, encore::device::kSwizzleAtomBytes);
+    partial = a.take<float>(Cfg::kWarpgroups * Cfg::kRows * Cfg::kPartialStride);
+    row_max = a.take<float>(Cfg::kRows);
+    row_sum = a.take<float>(Cfg::kRows);
+    row_alpha = a.take<float>(Cfg::kRows);
+    page_full = a.take<std::uint64_t>(Cfg::kRingSlots, 8);
     bytes = pad + a.used();
   }
   std::size_t bytes;
 };
 
-inline std::size_t mla_splitkv_smem_bytes() { return SplitKvSmem(nullptr).bytes; }
+template <class Cfg = SplitKvConfig>
+std::size_t mla_splitkv_smem_bytes() { return SplitKvSmem<Cfg>(nullptr).bytes; }
 
-__host__ __device__ inline int head_groups(int num_heads) { return (num_heads + SplitKvConfig::kRows - 1) / SplitKvConfig::kRows; }
+template <class Cfg = SplitKvConfig>
+__host__ __device__ inline int head_groups(int num_heads) { return (num_heads + Cfg::kRows - 1) / Cfg::kRows; }
 
-
-using Cfg = SplitKvConfig;
-
-// Query copy placement: thread t moves 16-byte chunk t % 8 of head row t / 8 of every column block.
-static_assert(kBlockThreads == 8 * Cfg::kRows, "8 chunks x 32 rows per column block");
+// Query copy placement: thread t < kRowThreads moves 16-byte chunk t % 8 of head row t / 8 of
+// every column block.
 __device__ __forceinline__ int copy_row() { return threadIdx.x / 8; }
 __device__ __forceinline__ int copy_smem_offset() { return encore::device::swizzled_offset(copy_row(), threadIdx.x % 8); }
 
-// The tile's 32 query rows of request `req` -> q (swizzled); heads beyond num_heads are zero.
+// The tile's kRows query rows of request `req` -> q (swizzled); heads beyond num_heads are zero.
+template <class Cfg>
 __device__ __forceinline__ void load_q(const MlaAttentionParams& p, int req, int group, char* q) {
+  if constexpr (Cfg::kRowThreads < kBlockThreads)
+    if (int(threadIdx.x) >= Cfg::kRowThreads) return;
   const int head = group * Cfg::kRows + copy_row();
   const bool valid = head < p.num_heads;
   const __nv_bfloat16* src = p.q576 + (std::int64_t(req) * p.num_heads + (valid ? head : 0)) * kMlaRowDim + (threadIdx.x % 8) * 8;
@@ -116,6 +133,7 @@ __device__ __forceinline__ std::int32_t page_id_of(const MlaAttentionParams& p, 
 // The pages of request `req` that a part computes: page_begin .. page_begin + num_pages - 1 of the
 // request (tokens below token_end), and the ids of the first kStages of them, read speculatively
 // with the length (one round trip; clamped into the table row, used only for pages that exist).
+template <class Cfg>
 struct RequestPages {
   int len, page_begin, token_end, num_pages;
   std::int32_t first_ids[Cfg::kRingSlots];
@@ -124,8 +142,9 @@ struct RequestPages {
   // scheduler flags any position but len - 1).
   __device__ bool newest(int j) const { return page_begin + j == (len - 1) / kMlaPageTokens; }
 };
-__device__ inline RequestPages request_pages(const MlaAttentionParams& p, const MlaPartPlan& plan, int req) {
-  RequestPages r;
+template <class Cfg>
+__device__ inline RequestPages<Cfg> request_pages(const MlaAttentionParams& p, const MlaPartPlan& plan, int req) {
+  RequestPages<Cfg> r;
   r.page_begin = req == plan.begin_req ? plan.begin_page : 0;
 #pragma unroll
   for (int s = 0; s < Cfg::kRingSlots; ++s) r.first_ids[s] = page_id_of(p, req, min(r.page_begin + s, p.cache.max_pages_per_seq - 1));

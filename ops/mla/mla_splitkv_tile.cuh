@@ -1,4 +1,5 @@
-// Split-KV attention body (docs/mla.md §8): one tile = (scheduler part, group of 32 query heads).
+// Split-KV attention body (docs/mla.md §8): one tile = (scheduler part, group of kRows query heads:
+// 32 in the op's shape, 16 in the shape for half an SM; mla_splitkv_layout.cuh).
 // Per 64-token page: S = Q K^T and O += P V on the warpgroup tensor cores (wgmma, bf16 in, fp32
 // accumulate, every operand read from shared memory), online softmax in base 2, P rounded to bf16.
 // One page in shared memory serves K (576 columns) and V (its first 512 columns). Pages stream
@@ -6,16 +7,19 @@
 // requests are merged by mla_combine or, fused, by mla_fused_combine.cuh. (Other shapes of this
 // body that were measured and dropped: bench/notes/.)
 //
-// Warpgroup roles (2 warpgroups, 256 threads):
-//   scores:  S^T = K Q^T (M = 64 tokens, N = 32 heads); warpgroup g takes the k16 steps 2 s + g
+// Warpgroup roles (2 warpgroups, 256 threads; N = kRows):
+//   scores:  S^T = K Q^T (M = 64 tokens, N heads); warpgroup g takes the k16 steps 2 s + g
 //            (s < 18); the two partials are added in order by the softmax.
-//   softmax: thread t owns head row t/8, tokens 8*(t%8)..+7; writes P (bf16) as [head][token].
-//   P V:     O^T = V^T P^T (M = 64 latent columns per wgmma, N = 32 heads, K = 64 tokens);
+//   softmax: thread t < 8 N owns head row t/8, tokens 8*(t%8)..+7; writes P (bf16) as [head][token].
+//   P V:     O^T = V^T P^T (M = 64 latent columns per wgmma, N heads, K = 64 tokens);
 //            warpgroup g owns the output columns 256g..256g+255.
+// Every (token, head) score and output element runs the same k steps in the same order in either
+// shape, so the shapes give the same bits.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <encore/ops/mla.h>
 
@@ -34,14 +38,14 @@ namespace encore::mla {
 // Every (request, page range) of one part for the heads of `group`: scores, online softmax and
 // P V per page, then the final output or this split's partial (and, fused, the arrival).
 // `started`: the first request's pages, whose copies start_settled_pages() began (when early).
-template <SplitKvVariant kVariant, bool kFusedCombine>
+template <class Cfg, SplitKvVariant kVariant, bool kFusedCombine>
 __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, const MlaPartPlan& plan, char* smem_base,
-                                    PageRing& st, bool early_start, RequestPages started) {
-  using Cfg = SplitKvConfig;
+                                    PageRing& st, bool early_start, RequestPages<Cfg> started) {
   namespace dev = encore::device;
   constexpr bool kMath = kVariant != SplitKvVariant::kLoadsOnly;
+  constexpr int kAcc = Cfg::kAccPerThread;
   const int begin_req = plan.begin_req, end_req = plan.end_req;
-  SplitKvSmem sm(smem_base);
+  SplitKvSmem<Cfg> sm(smem_base);
   // Warp index through a shuffle so the compiler knows it is warp-uniform: the descriptors
   // derived from it then live in uniform registers (no per-wgmma conversions).
   const int warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0), lane = threadIdx.x % 32;
@@ -56,7 +60,7 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
 
   for (int req = begin_req; req <= end_req; ++req) {
     const bool early = early_start && req == begin_req;  // its settled pages are copying already
-    const RequestPages r = early ? started : request_pages(p, plan, req);
+    const RequestPages<Cfg> r = early ? started : request_pages<Cfg>(p, plan, req);
     const int page_begin = r.page_begin, token_end = r.token_end, num_pages = r.num_pages;
     const int split_idx = req == begin_req ? plan.begin_split : 0;
     const int split_base = p.num_splits[req];
@@ -68,23 +72,24 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
       sm.row_max[threadIdx.x] = -INFINITY;
       sm.row_sum[threadIdx.x] = 0.f;
     }
-    load_q(p, req, group, sm.q);  // awaited at the first page
+    load_q<Cfg>(p, req, group, sm.q);  // awaited at the first page
     device::cp_async_commit();
     for (int s = 0; s < Cfg::kRingSlots; ++s)  // (early: start_settled_pages already copies every first page but the newest)
-      if (s < num_pages && (!early || r.newest(s))) issue_page(p, st, s, r.first_ids[s], r.valid_tokens(s), sm.page + s * Cfg::kPageBytes);
+      if (s < num_pages && (!early || r.newest(s)))
+        issue_page<Cfg>(p, st, s, r.first_ids[s], r.valid_tokens(s), sm.page + s * Cfg::kPageBytes);
 
-    float acc[Cfg::kOutBlocksPerGroup][16];  // O^T: [m64 column block][fragment]
+    float acc[Cfg::kOutBlocksPerGroup][kAcc];  // O^T: [m64 column block][fragment]
 #pragma unroll
     for (int cb = 0; cb < Cfg::kOutBlocksPerGroup; ++cb)
 #pragma unroll
-      for (int e = 0; e < 16; ++e) acc[cb][e] = 0.f;
+      for (int e = 0; e < kAcc; ++e) acc[cb][e] = 0.f;
 
     for (int i = 0; i < num_pages; ++i) {
       const int pg = page_begin + i;
       const int valid_tokens = min(token_end - pg * kMlaPageTokens, kMlaPageTokens);
       const int slot = i % Cfg::kRingSlots;
       const std::int32_t next_id = i + Cfg::kRingSlots < num_pages ? page_id_of(p, req, pg + Cfg::kRingSlots) : 0;
-      wait_page(st, slot, sm.page + slot * Cfg::kPageBytes);
+      wait_page<Cfg>(st, slot, sm.page + slot * Cfg::kPageBytes);
       if (i == 0) {
         device::cp_async_wait<0>();
         dev::fence_proxy_async();  // this thread's query copies, visible to the tensor cores' reads
@@ -92,30 +97,31 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
       }
       const std::uint32_t slot_off = slot * Cfg::kPageBytes;
 
-      // ---- scores S^T = K Q^T: 64 tokens x 32 heads per warpgroup over its k half
+      // ---- scores S^T = K Q^T: 64 tokens x N heads per warpgroup over its k half
       if constexpr (kMath) {
-        float s_acc[16];
+        float s_acc[kAcc];
         dev::wgmma_fence();
 #pragma unroll
         for (int s = 0; s < Cfg::kKStepsPerGroup; ++s) {
           const int step_off = (s / 2) * Cfg::kColBlockBytes + (s % 2) * 64, q_off = (s / 2) * Cfg::kQColBlockBytes + (s % 2) * 64;
-          dev::wgmma_m64n32k16_bf16<0>(s_acc, k_desc.at(slot_off + step_off), q_desc.at(q_off), s > 0);
+          dev::wgmma_m64k16_bf16<Cfg::kRows, 0>(s_acc, k_desc.at(slot_off + step_off), q_desc.at(q_off), s > 0);
         }
         dev::wgmma_commit();
         dev::wgmma_wait<0>();
         // Fragment (token 16 w + lane/4 (+8), head 8 j + 2 (lane%4) (+1)) -> partial[wg][head][token].
         float* part = sm.partial + wg * Cfg::kRows * Cfg::kPartialStride;
 #pragma unroll
-        for (int e = 0; e < 16; ++e) {
+        for (int e = 0; e < kAcc; ++e) {
           const int token = 16 * wg_warp + lane / 4 + 8 * ((e / 2) % 2), head = 8 * (e / 4) + 2 * (lane % 4) + e % 2;
           part[head * Cfg::kPartialStride + token] = s_acc[e];
         }
       }
       __syncthreads();
 
-      // ---- online softmax: 8 threads per row, 8 tokens each
+      // ---- online softmax: 8 threads per row, 8 tokens each (threads past the rows: whole warps idle)
       bool max_moved = false;  // some row's max rose: O must be rescaled
-      if constexpr (kMath) {
+      const bool row_thread = Cfg::kRowThreads == kBlockThreads || int(threadIdx.x) < Cfg::kRowThreads;
+      if constexpr (kMath) if (row_thread) {
         const int row = threadIdx.x / 8, sub = threadIdx.x % 8;
         float s[8] = {};
 #pragma unroll
@@ -158,26 +164,27 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
       }
       const bool rescale = __syncthreads_or(max_moved);  // (x 1 is exact: skipping it changes no bit)
 
-      // ---- O^T = alpha O^T + V^T P^T: 4 blocks of 64 columns x 32 heads per warpgroup, k = 64 tokens
+      // ---- O^T = alpha O^T + V^T P^T: 4 blocks of 64 columns x N heads per warpgroup, k = 64 tokens
       if constexpr (kMath) {
         if (rescale) {
-          float alpha[8];  // heads 8 j + 2 (lane%4) + {0, 1}
+          float alpha[kAcc / 2];  // heads 8 j + 2 (lane%4) + {0, 1}
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
+          for (int j = 0; j < kAcc / 4; ++j) {
             alpha[2 * j] = sm.row_alpha[8 * j + 2 * (lane % 4)];
             alpha[2 * j + 1] = sm.row_alpha[8 * j + 2 * (lane % 4) + 1];
           }
 #pragma unroll
           for (int cb = 0; cb < Cfg::kOutBlocksPerGroup; ++cb)
 #pragma unroll
-            for (int e = 0; e < 16; ++e) acc[cb][e] *= alpha[2 * (e / 4) + e % 2];
+            for (int e = 0; e < kAcc; ++e) acc[cb][e] *= alpha[2 * (e / 4) + e % 2];
         }
         dev::wgmma_fence();
 #pragma unroll
         for (int cb = 0; cb < Cfg::kOutBlocksPerGroup; ++cb)
 #pragma unroll
           for (int ks = 0; ks < kMlaPageTokens / 16; ++ks) {
-            dev::wgmma_m64n32k16_bf16<1>(acc[cb], v_desc.at(slot_off + cb * Cfg::kColBlockBytes + ks * 16 * 128), p_desc.at(ks * 32), true);
+            dev::wgmma_m64k16_bf16<Cfg::kRows, 1>(acc[cb], v_desc.at(slot_off + cb * Cfg::kColBlockBytes + ks * 16 * 128),
+                                                  p_desc.at(ks * 32), true);
           }
         dev::wgmma_commit();
         dev::wgmma_wait<0>();
@@ -186,11 +193,11 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
 
       if (i + Cfg::kRingSlots < num_pages && kVariant != SplitKvVariant::kComputeOnly) {
         const int next = pg + Cfg::kRingSlots;
-        issue_page(p, st, slot, next_id, min(token_end - next * kMlaPageTokens, kMlaPageTokens), sm.page + slot * Cfg::kPageBytes);
+        issue_page<Cfg>(p, st, slot, next_id, min(token_end - next * kMlaPageTokens, kMlaPageTokens), sm.page + slot * Cfg::kPageBytes);
       }
     }
     device::cp_async_wait<0>();  // (a request without pages never waited for its query)
-    drain_pages(st, sm.page);    // (compute-only: the first slots' copies, if never awaited)
+    drain_pages<Cfg>(st, sm.page);  // (compute-only: the first slots' copies, if never awaited)
     __syncthreads();
 
     // ---- epilogue: O / l and the LSE (natural log) of each row, final or partial slot. O goes
@@ -199,11 +206,11 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
     float* o_base = is_split ? p.partial_o + std::int64_t(slot) * p.num_heads * kMlaLatentDim
                              : p.o_lat + std::int64_t(req) * p.num_heads * kMlaLatentDim;
     float* lse_base = is_split ? p.partial_lse + std::int64_t(slot) * p.num_heads : p.lse + std::int64_t(req) * p.num_heads;
-    float* o_rows = reinterpret_cast<float*>(sm.page);  // [32][kOutStride]
+    float* o_rows = reinterpret_cast<float*>(sm.page);  // [kRows][kOutStride]
 #pragma unroll
     for (int cb = 0; cb < Cfg::kOutBlocksPerGroup; ++cb)
 #pragma unroll
-      for (int e = 0; e < 16; ++e) {
+      for (int e = 0; e < kAcc; ++e) {
         const int col = (wg * Cfg::kOutBlocksPerGroup + cb) * Cfg::kBlockCols + 16 * wg_warp + lane / 4 + 8 * ((e / 2) % 2);
         const int head = 8 * (e / 4) + 2 * (lane % 4) + e % 2;
         o_rows[head * Cfg::kOutStride + col] = acc[cb][e];
@@ -239,28 +246,29 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
 }
 
 // One tile: every (request, page range) of part tile / groups, heads of group tile % groups.
-// kFusedCombine: the tiles of a split request merge its partials themselves (fused_pair_merge or
-// fused_combine; needs p.counters and all tiles co-resident, which the launcher guarantees).
-// The body waits before the tile unless p.plan_settled; then the tile waits itself (wait(), the
-// body's policy), after starting its settled first pages.
-template <SplitKvVariant kVariant = SplitKvVariant::kOp, bool kFusedCombine = false, class Wait>
+// kFusedCombine (the op's shape only): the tiles of a split request merge its partials themselves
+// (fused_pair_merge or fused_combine; needs p.counters and all tiles co-resident, which the
+// launcher guarantees). The body waits before the tile unless p.plan_settled; then the tile waits
+// itself (wait(), the body's policy), after starting its settled first pages.
+template <class Cfg, SplitKvVariant kVariant = SplitKvVariant::kOp, bool kFusedCombine = false, class Wait>
 __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, char* smem_base, PageRing& st,
                                         Wait& wait) {
-  const int groups = head_groups(p.num_heads);
+  static_assert(!kFusedCombine || std::is_same_v<Cfg, SplitKvConfig>, "the fused combine runs in the op's shape");
+  const int groups = head_groups<Cfg>(p.num_heads);
   const int part = tile / groups, group = tile % groups;
   const MlaPartPlan& plan = p.part_plans[part];
   const int begin_req = plan.begin_req;
   if (begin_req < 0) return;
-  RequestPages started{};
+  RequestPages<Cfg> started{};
   if (p.plan_settled) {
-    started = start_settled_pages(p, plan, smem_base, st);
+    started = start_settled_pages<Cfg>(p, plan, smem_base, st);
     wait();
   }
   // Read once, block-uniform: split-KV itself may OR in kMlaErrorPageId while other tiles run (or
   // this tile's thread 0 just did, in start_settled_pages), and the fused tiles must all keep the
   // counter protocol whatever they see.
   const bool flagged = __syncthreads_or(step_flagged(p.error_flag));
-  if (flagged && p.plan_settled) drain_pages(st, SplitKvSmem(smem_base).page);  // no copy lands in reused or freed memory
+  if (flagged && p.plan_settled) drain_pages<Cfg>(st, SplitKvSmem<Cfg>(smem_base).page);  // no copy lands in reused or freed memory
   if (flagged && !kFusedCombine) return;
   const int end_req = plan.end_req;
   const bool first_split = plan.first_is_split != 0;
@@ -279,12 +287,12 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
       else fused_arrive(fused_counter(p, end_req, group));
     }
   } else {
-    splitkv_part<kVariant, kFusedCombine>(p, group, plan, smem_base, st, p.plan_settled, started);
+    splitkv_part<Cfg, kVariant, kFusedCombine>(p, group, plan, smem_base, st, p.plan_settled, started);
   }
   if constexpr (kFusedCombine) {
     // All arrivals of this tile precede its waits, so no tile waits on one that waits on it.
     __syncthreads();  // the page slots are free (every copy of every request was awaited)
-    char* slots = reinterpret_cast<char*>(SplitKvSmem(smem_base).page);
+    char* slots = reinterpret_cast<char*>(SplitKvSmem<Cfg>(smem_base).page);
     // The last request first: its other parts ran it at their start, so its counter is complete,
     // while this part's first request waits for the part before, which ends about now.
     if (last_split && !fused_pair(p, end_req)) fused_combine(p, end_req, group, 0, !flagged, fused_counter(p, end_req, group), slots);
@@ -295,20 +303,22 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
 
 // The split-KV body (common/body.cuh): the page slots' barriers, then every tile of the range;
 // `pages` is the page pool's tensor map (a kernel parameter, or the megakernel's table in global
-// memory). With a settled plan each tile starts its first pages before it waits.
-template <SplitKvVariant kVariant = SplitKvVariant::kOp, bool kFusedCombine = false, class Range, class Wait>
+// memory). With a settled plan each tile starts its first pages before it waits. Cfg: the tile's
+// shape (mla_splitkv_layout.cuh; the tiles are num_parts x head_groups<Cfg>).
+template <SplitKvVariant kVariant = SplitKvVariant::kOp, bool kFusedCombine = false, class Cfg = SplitKvConfig, class Range,
+          class Wait>
 __device__ inline void mla_splitkv_body(const MlaAttentionParams& p, const CUtensorMap* pages, const Range& r, char* smem,
                                         Wait& wait) {
-  PageRing slots = page_ring_init(pages, smem);
+  PageRing slots = page_ring_init<Cfg>(pages, smem);
   if (!p.plan_settled) wait();
-  const int tiles = p.num_parts * head_groups(p.num_heads);
+  const int tiles = p.num_parts * head_groups<Cfg>(p.num_heads);
   for (int tile = r.first(); tile < tiles; tile += r.stride()) {
-    mla_splitkv_tile<kVariant, kFusedCombine>(p, tile, smem, slots, wait);
+    mla_splitkv_tile<Cfg, kVariant, kFusedCombine>(p, tile, smem, slots, wait);
     encore::device::fence_proxy_async();  // this tile's generic writes to the slots, before the next tile's copies
     __syncthreads();
   }
   if constexpr (Wait::kSharedMemoryReused)
-    if (threadIdx.x == 0) encore::device::barrier_inval(slots.full, SplitKvConfig::kRingSlots);
+    if (threadIdx.x == 0) encore::device::barrier_inval(slots.full, Cfg::kRingSlots);
 }
 
 }  // namespace encore::mla

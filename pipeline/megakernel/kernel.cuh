@@ -19,6 +19,8 @@
 // in an anonymous namespace, so each unit has its own copy of the bodies.
 #pragma once
 
+#include <type_traits>
+
 #include "pipeline/megakernel/kernel.h"
 
 #include "common/body.cuh"
@@ -32,9 +34,10 @@
 #include "pipeline/megakernel/program.cuh"
 #include "pipeline/step_tiles.cuh"
 
-// The unit's register cap (kernel_two_per_sm.cu defines it as 128 before including this file).
-#ifndef ENCORE_MEGAKERNEL_REGISTER_CAP
-#define ENCORE_MEGAKERNEL_REGISTER_CAP 255
+// The unit's residency (kernel_two_per_sm.cu defines it as 2 before including this file, and is
+// compiled at 128 registers).
+#ifndef ENCORE_MEGAKERNEL_BLOCKS_PER_SM
+#define ENCORE_MEGAKERNEL_BLOCKS_PER_SM 1
 #endif
 
 namespace encore::pipeline::megakernel {
@@ -42,9 +45,13 @@ namespace {
 
 using encore::device::TileRange;
 
-// Bodies whose register needs have a knob that changes no bit: the router GEMV's tokens per
-// round (four need more than 128 registers).
-constexpr int kRouterTokensPerRound = ENCORE_MEGAKERNEL_REGISTER_CAP > 128 ? moe::kRouterTokensPerRound : 2;
+// What the residency changes, none of it a bit of the results: the router GEMV's tokens per round
+// (four need more than the 128 registers of two blocks per SM) and split-KV's tile shape (the op's
+// needs more than half an SM's shared memory; the lowering plans the same one).
+constexpr int kUnitBlocksPerSm = ENCORE_MEGAKERNEL_BLOCKS_PER_SM;
+static_assert(kUnitBlocksPerSm == 1 || kUnitBlocksPerSm == 2);
+constexpr int kRouterTokensPerRound = kUnitBlocksPerSm == 1 ? moe::kRouterTokensPerRound : 2;
+using SplitKvTile = std::conditional_t<kUnitBlocksPerSm == 1, mla::SplitKvConfig, mla::SplitKvHalfSm>;
 
 __device__ __forceinline__ std::uint32_t load_relaxed(const std::uint32_t* p) {
   std::uint32_t v;
@@ -203,7 +210,7 @@ __device__ __noinline__ void run_op(int slot, const TileRange r, CounterWait& wa
     mla::mla_kv_append_body(p, r, smem, wait);
   } else if constexpr (kOp == Opcode::kMlaSplitKv) {
     const SplitKvOp& op = ins.params.mla_splitkv;
-    mla::mla_splitkv_body(op.p, op.pages, r, smem, wait);
+    mla::mla_splitkv_body<mla::SplitKvVariant::kOp, false, SplitKvTile>(op.p, op.pages, r, smem, wait);
   } else if constexpr (kOp == Opcode::kMlaCombine) {
     const ops::MlaAttentionParams& p = ins.params.mla_combine;
     mla::mla_combine_body(p, r, smem, wait);
@@ -275,6 +282,7 @@ __device__ __forceinline__ void stage_instruction(const KernelArgs& a, int i, In
 
 template <int NTOK, int kBlocksPerSm>
 __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) megakernel(const __grid_constant__ KernelArgs a) {
+  static_assert(kBlocksPerSm == kUnitBlocksPerSm, "the bodies of this unit are planned for its residency");
   const SmemLayout layout(megakernel_smem);
   const std::uint32_t step = load_relaxed(a.step);  // written by the previous launch
   const int grid = int(gridDim.x);

@@ -242,7 +242,11 @@ class Lowering {
   Status splitkv(int si, const ops::MlaAttentionParams& t) {
     ENCORE_REQUIRE(t.counters == nullptr, StatusCode::kUnsupported, "megakernel: stage ", si,
                    ": the fused split-KV combine is not an instruction (run split-KV and the combine)");
-    Node& n = add(Opcode::kMlaSplitKv, ops::mla_splitkv_num_tiles(t), si, "mla.splitkv", mla::mla_splitkv_smem_bytes());
+    // At two blocks per SM the tiles take half the heads and one page slot (the same bits).
+    const bool half_sm = target_.blocks_per_sm > 1;
+    const int tiles = half_sm ? t.num_parts * mla::head_groups<mla::SplitKvHalfSm>(t.num_heads) : ops::mla_splitkv_num_tiles(t);
+    const std::size_t smem = half_sm ? mla::mla_splitkv_smem_bytes<mla::SplitKvHalfSm>() : mla::mla_splitkv_smem_bytes();
+    Node& n = add(Opcode::kMlaSplitKv, tiles, si, "mla.splitkv", smem);
     const ops::MlaPagedCache cache = t.cache;
     const int slot = take_map_slots(1, [cache](CUtensorMap* m) { return mla::encode_pages_map(cache, m); });
     n.ins.params.mla_splitkv = {t, map_table_ + slot};

@@ -16,6 +16,7 @@
 #include <encore/ops/mla.h>
 #include <encore/ref/mla.h>
 
+#include "mla/mla_splitkv_layout.cuh"
 #include "test_util.h"
 
 namespace encore {
@@ -392,6 +393,35 @@ TEST(MlaGpu, FusedAndTwoKernelPathsMatchBitwise) {
     EXPECT_TRUE(test::bitwise_equal(again.data(), op.data(), op.size() * 4)) << "fused replay, H=" << heads;
     rig.expect_counters_zero();
   }
+}
+
+// The tile shape for half an SM (16 heads, one page slot: the megakernel's at two blocks per SM)
+// gives the op's shape's outputs bit for bit: every (token, head) element runs the same k steps in
+// the same order. Head counts that fill the 16-head tiles and one that leaves one half empty; split
+// and unsplit requests, tail pages, a pad row; the plan unsettled and settled (the pipeline's).
+TEST(MlaGpu, HalfSmTileShapeMatchesTheOpsShapeBitwise) {
+  ENCORE_REQUIRE_GPU();
+  for (int heads : {8, 32, 128})
+    for (bool settled : {false, true}) {
+      SCOPED_TRACE("H=" + std::to_string(heads) + (settled ? ", settled plan" : ""));
+      MlaRig rig({700, 130, 65, 0, 1, 64, 4096}, heads, mla_rope_none(), kMlaScaleKimi);
+      rig.poison_outputs();
+      ENCORE_OK(rig.enqueue(nullptr));  // the scheduler and the append: the plan and cache are settled now
+      MlaAttentionParams p = rig.attention_params();
+      p.plan_settled = settled;
+      std::vector<std::vector<float>> out[2];
+      for (int shape = 0; shape < 2; ++shape) {
+        for (auto* b : {&rig.d_olat, &rig.d_lse, &rig.d_po, &rig.d_plse}) b->poison();
+        ENCORE_OK(shape == 0 ? mla_splitkv(p, nullptr) : mla::mla_splitkv_half_sm(p, nullptr));
+        ENCORE_OK(mla_combine(p, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        out[shape] = {rig.d_olat.download(), rig.d_lse.download()};
+      }
+      EXPECT_GT(rig.d_splits.download()[rig.n], rig.n + 8) << "requests must be split";
+      EXPECT_TRUE(test::bitwise_equal(out[1][0].data(), out[0][0].data(), out[0][0].size() * 4)) << "o_lat";
+      EXPECT_TRUE(test::bitwise_equal(out[1][1].data(), out[0][1].data(), out[0][1].size() * 4)) << "lse";
+      rig.check(true, false);  // (the rig's outputs are the half shape's now) against the reference
+    }
 }
 
 TEST(MlaGpu, AppendRopePositionsAndNopeCopy) {

@@ -232,19 +232,23 @@ TEST(MegakernelLower, RejectsWhatTheTargetCannotHold) {
 }
 
 // Two blocks per SM (MegakernelOptions::blocks_per_sm): twice the lanes, every body within half the
-// SM's shared memory. Models without MLA layers fit where their GEMVs' plans do (Kimi at batches 1
-// and 2; from batch 3, the 4-token tier, the dense down projection's plan keeps all of K = 9216 in
-// shared memory); with MLA, the split-KV body does not. The errors name the instruction.
+// SM's shared memory, split-KV in its tile shape for half an SM (16 heads, one page slot). Models
+// fit where their GEMVs' plans do (Kimi at batches 1 and 2; from batch 3, the 4-token tier, the
+// dense down projection's plan keeps all of K = 9216 in shared memory). The errors name the
+// instruction.
 const Target kH200TwoPerSm{132, 233472 / 2 - 1024, 2};
 
-TEST(MegakernelLower, TwoBlocksPerSmWithoutMla) {
+TEST(MegakernelLower, TwoBlocksPerSm) {
   struct Case {
     const char* name;
     ModelConfig config;
     int batch, max_batch;
   };
   const Case cases[] = {{"tiny, KDA only", ModelConfig::tiny().with_kda_for_mla(), 3, 3},
-                        {"kimi b1, KDA only", ModelConfig::kimi_linear_48b().with_kda_for_mla(), 1, 16}};
+                        {"tiny", ModelConfig::tiny(), 3, 3},
+                        {"tiny, rope and q LoRA", ModelConfig::tiny(true), 3, 3},
+                        {"kimi b1, KDA only", ModelConfig::kimi_linear_48b().with_kda_for_mla(), 1, 16},
+                        {"kimi b1", ModelConfig::kimi_linear_48b(), 1, 16}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const std::vector<Stage> stages = stages_of(c.config, c.batch, c.max_batch);
@@ -275,12 +279,17 @@ TEST(MegakernelLower, TwoBlocksPerSmWithoutMla) {
       wider += two.instructions[i].h.tiles > one.instructions[i].h.tiles;
     }
     if (c.config.moe.experts >= 256) EXPECT_GT(wider, 0) << "no expert stream took the second block's lanes";
+    // Split-KV: the same parts (so the same partials and combine), in tiles of 16 heads.
+    for (std::size_t i = 0; i < one.instructions.size(); ++i) {
+      if (one.instructions[i].h.op != Opcode::kMlaSplitKv) continue;
+      const ops::MlaAttentionParams& t = two.instructions[i].params.mla_splitkv.p;
+      EXPECT_EQ(t.num_parts, one.instructions[i].params.mla_splitkv.p.num_parts) << one.info[i].name;
+      EXPECT_EQ(two.instructions[i].h.tiles, t.num_parts * ((t.num_heads + 15) / 16)) << one.info[i].name;
+      EXPECT_EQ(one.instructions[i].h.tiles, t.num_parts * ((t.num_heads + 31) / 32)) << one.info[i].name;
+    }
     check_dependencies(two);
   }
   Program p;
-  const Status mla = lower(stages_of(ModelConfig::kimi_linear_48b(), 1, 16), kH200TwoPerSm, nullptr, &p);
-  EXPECT_EQ(mla.code(), StatusCode::kUnsupported);
-  EXPECT_NE(mla.message().find("mla.splitkv"), std::string::npos) << mla.message();
   const Status b4 = lower(stages_of(ModelConfig::kimi_linear_48b().with_kda_for_mla(), 4, 16), kH200TwoPerSm, nullptr, &p);
   EXPECT_EQ(b4.code(), StatusCode::kUnsupported);
   EXPECT_NE(b4.message().find("dense.down"), std::string::npos) << b4.message();
