@@ -38,6 +38,24 @@ __global__ void __launch_bounds__(kBlockThreads) mla_q_absorb_kernel(const __gri
   encore::device::allow_downstream();
 }
 
+// Both in one grid: blocks [0, absorb_blocks) take the absorption's tiles, the others the append's
+// rows, each with its own kernel's wait and release (the absorption releases its dependents when
+// done, the append right after its wait).
+__global__ void __launch_bounds__(kBlockThreads) mla_q_absorb_append_kernel(const __grid_constant__ MlaQAbsorbParams q,
+                                                                            const __grid_constant__ MlaKvAppendParams a,
+                                                                            int absorb_blocks) {
+  extern __shared__ __align__(16) char smem[];
+  const int b = int(blockIdx.x);
+  if (b < absorb_blocks) {
+    encore::device::PdlWait wait{false};
+    mla_q_absorb_body(q, encore::device::TileRange{b, absorb_blocks}, smem, wait);
+    encore::device::allow_downstream();
+  } else {
+    encore::device::PdlWait wait;
+    mla_kv_append_body(a, encore::device::TileRange{b - absorb_blocks, int(gridDim.x) - absorb_blocks}, smem, wait);
+  }
+}
+
 __global__ void __launch_bounds__(kBlockThreads) mla_combine_kernel(const __grid_constant__ MlaAttentionParams p) {
   extern __shared__ __align__(16) char smem[];
   encore::device::PdlWait wait{false};
@@ -78,6 +96,15 @@ Status mla_q_absorb(const MlaQAbsorbParams& p, cudaStream_t stream) {
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   return detail::launch(mla_q_absorb_kernel, grid_for(mla_q_absorb_num_tiles(p), 4), mla_q_absorb_smem_bytes(), stream, true,
                         "mla_q_absorb_kernel", p);
+}
+
+Status mla_q_absorb_and_append(const MlaQAbsorbParams& q, const MlaKvAppendParams& a, cudaStream_t stream) {
+  ENCORE_RETURN_IF_ERROR(mla_validate(q, a));
+  ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
+  const int absorb_blocks = grid_for(mla_q_absorb_num_tiles(q), 4), append_blocks = grid_for(a.batch, 8);
+  return detail::launch(mla_q_absorb_append_kernel, absorb_blocks + append_blocks,
+                        std::max(mla_q_absorb_smem_bytes(), mla_kv_append_smem_bytes()), stream, true, "mla_q_absorb_append_kernel", q,
+                        a, absorb_blocks);
 }
 
 int mla_combine_num_tiles(const MlaAttentionParams& p) { return p.batch * p.num_heads * CombineConfig::slices(p.batch); }

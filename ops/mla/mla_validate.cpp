@@ -114,6 +114,25 @@ Status mla_validate(const MlaQAbsorbParams& p) {
   return {};
 }
 
+Status mla_validate(const MlaQAbsorbParams& q, const MlaKvAppendParams& a) {
+  constexpr const char* op = "mla_q_absorb_and_append";
+  ENCORE_RETURN_IF_ERROR(mla_validate(q));
+  ENCORE_RETURN_IF_ERROR(mla_validate(a));
+  // One launch: neither's outputs may touch what the other reads or writes.
+  return detail::check_disjoint(
+      op,
+      {{q.q, std::size_t(q.batch) * q.q_stride * 4, "q"},
+       {q.kv_b, std::size_t(q.num_heads) * kMlaKvbRowsPerHead * kMlaLatentDim * 2, "kv_b"},
+       {q.positions, std::size_t(q.batch) * 4, "positions"},
+       {a.kv_a, std::size_t(a.batch) * a.kv_a_stride * 4, "kv_a"},
+       {a.norm_weight, kMlaLatentDim * 4, "norm_weight"},
+       {a.cache.block_table, std::size_t(a.batch) * a.cache.block_table_stride * 4, "block_table"},
+       {a.positions, std::size_t(a.batch) * 4, "positions"},
+       {a.seq_lens, std::size_t(a.batch) * 4, "seq_lens"},
+       {a.error_flag, 4, "error_flag"}},
+      {{q.q576, std::size_t(q.batch) * q.num_heads * kMlaRowDim * 2, "q576"}, {a.cache.pages, pool_bytes(a.cache), "cache.pages"}});
+}
+
 Status mla_validate(const MlaAttentionParams& p) {
   constexpr const char* op = "mla_attention";
   ENCORE_RETURN_IF_ERROR(check_seqs(p.batch, op));

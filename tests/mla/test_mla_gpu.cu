@@ -137,6 +137,18 @@ struct MlaRig {
     p.error_flag = d_flag.get();
     return p;
   }
+  MlaQAbsorbParams q_absorb_params() const {
+    MlaQAbsorbParams qa;
+    qa.q = d_q.get();
+    qa.q_stride = std::int64_t(heads) * kMlaQHeadDim;
+    qa.kv_b = d_kv_b.get();
+    qa.positions = d_pos.get();
+    qa.batch = n;
+    qa.num_heads = heads;
+    qa.rope = rope;
+    qa.q576 = d_q576.get();
+    return qa;
+  }
   MlaKvAppendParams append_params() const {
     MlaKvAppendParams p;
     p.kv_a = d_kv_a.get();
@@ -172,16 +184,7 @@ struct MlaRig {
   // A decode step's order: the append runs right before attention (the settled plan's case).
   Status enqueue(cudaStream_t stream) const {
     ENCORE_RETURN_IF_ERROR(mla_sched(sched_params(), stream));
-    MlaQAbsorbParams qa;
-    qa.q = d_q.get();
-    qa.q_stride = std::int64_t(heads) * kMlaQHeadDim;
-    qa.kv_b = d_kv_b.get();
-    qa.positions = d_pos.get();
-    qa.batch = n;
-    qa.num_heads = heads;
-    qa.rope = rope;
-    qa.q576 = d_q576.get();
-    ENCORE_RETURN_IF_ERROR(mla_q_absorb(qa, stream));
+    ENCORE_RETURN_IF_ERROR(mla_q_absorb(q_absorb_params(), stream));
     ENCORE_RETURN_IF_ERROR(mla_kv_append(append_params(), stream));
     ENCORE_RETURN_IF_ERROR(mla_attention(attention_params(), stream));
     MlaVUpParams vu;
@@ -424,6 +427,29 @@ TEST(MlaGpu, HalfSmTileShapeMatchesTheOpsShapeBitwise) {
     }
 }
 
+// q absorption and the cache append in one launch write what the two launches write, bit for bit
+// (q576 and the whole page pool), with and without RoPE, with a pad row.
+TEST(MlaGpu, AbsorbAndAppendInOneLaunchMatchTwoLaunches) {
+  ENCORE_REQUIRE_GPU();
+  for (bool deepseek : {false, true}) {
+    SCOPED_TRACE(deepseek ? "rope" : "nope");
+    MlaRig rig({700, 130, 65, 0, 1, 64}, 32, deepseek ? mla_rope_deepseek_v3() : mla_rope_none(),
+               deepseek ? kMlaScaleDeepSeekV3 : kMlaScaleKimi);
+    rig.poison_outputs();
+    ENCORE_OK(rig.enqueue(nullptr));  // the scheduler, the absorption and the append in two launches, attention
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<bf16> q576 = rig.d_q576.download(), pool = rig.d_pool.download();
+    rig.d_pool.upload(rig.pool);
+    rig.d_q576.poison();
+    ENCORE_OK(mla_q_absorb_and_append(rig.q_absorb_params(), rig.append_params(), nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<bf16> fused_q576 = rig.d_q576.download(), fused_pool = rig.d_pool.download();
+    EXPECT_TRUE(test::bitwise_equal(fused_q576.data(), q576.data(), q576.size() * sizeof(bf16))) << "q576";
+    EXPECT_TRUE(test::bitwise_equal(fused_pool.data(), pool.data(), pool.size() * sizeof(bf16))) << "page pool";
+    EXPECT_FALSE(test::bitwise_equal(fused_pool.data(), rig.pool.data(), pool.size() * sizeof(bf16))) << "nothing appended";
+  }
+}
+
 TEST(MlaGpu, AppendRopePositionsAndNopeCopy) {
   ENCORE_REQUIRE_GPU();
   // Page boundary: positions 63 and 64; plus a long position for the rotation.
@@ -578,6 +604,16 @@ TEST(MlaGpu, BadHostInputLaunchesNothing) {
   MlaAttentionParams at = rig.attention_params();
   at.num_heads = 48;
   EXPECT_EQ(mla_attention(at, nullptr).code(), StatusCode::kUnsupported);
+  // One launch of both: the absorption's output may not be the append's cache, and each op's own
+  // checks still hold.
+  MlaQAbsorbParams q = rig.q_absorb_params();
+  q.q576 = reinterpret_cast<__nv_bfloat16*>(rig.d_pool.get());
+  const Status overlap = mla_q_absorb_and_append(q, rig.append_params(), nullptr);
+  EXPECT_EQ(overlap.code(), StatusCode::kOverlap);
+  EXPECT_NE(overlap.message().find("mla_q_absorb_and_append"), std::string::npos) << overlap.message();
+  a = rig.append_params();
+  a.cache.block_table = nullptr;
+  EXPECT_EQ(mla_q_absorb_and_append(rig.q_absorb_params(), a, nullptr).code(), StatusCode::kNullPointer);
   CUDA_OK(cudaDeviceSynchronize());
   const std::vector<bf16> after = rig.d_pool.download();
   EXPECT_TRUE(test::bitwise_equal(after.data(), rig.pool.data(), after.size() * sizeof(bf16)));

@@ -6,6 +6,7 @@
 //                    lengths / positions / page ids, writes the split plan and the error flag.
 //   mla_kv_append    RMSNorm + RoPE-or-copy of the new token's kv_a row into its cache row.
 //   mla_q_absorb     q576 = [W_UK[h]^T q_nope[h] ; rope(q_pe[h])] in bf16.
+//   (mla_q_absorb_and_append: the two above in one launch, the same outputs bit for bit.)
 //   mla_splitkv      attention over the cache, one tile per (scheduler part, 32-head group).
 //   mla_combine      LSE-weighted merge of the splits (requests with one split are skipped).
 //   mla_v_up         o[h] = W_UV[h] o_lat[h], ready for o_proj.
@@ -138,6 +139,10 @@ struct MlaQAbsorbParams {
 };
 int mla_q_absorb_num_tiles(const MlaQAbsorbParams& p);
 Status mla_q_absorb(const MlaQAbsorbParams& p, cudaStream_t stream);
+// q absorption and the cache append in one launch: both read the in-projection and write disjoint
+// buffers, so neither waits for the other (as two launches in one stream, the append waits for the
+// absorption). The same outputs, bit for bit, as mla_q_absorb then mla_kv_append.
+Status mla_q_absorb_and_append(const MlaQAbsorbParams& q, const MlaKvAppendParams& a, cudaStream_t stream);
 
 // ---- attention (split-KV + combine) -------------------------------------------------------------
 struct MlaAttentionParams {
@@ -198,6 +203,7 @@ Status mla_v_up(const MlaVUpParams& p, cudaStream_t stream);
 Status mla_validate(const MlaSchedParams& p);
 Status mla_validate(const MlaKvAppendParams& p);
 Status mla_validate(const MlaQAbsorbParams& p);
+Status mla_validate(const MlaQAbsorbParams& q, const MlaKvAppendParams& a);  // each, and no write of one overlaps the other
 Status mla_validate(const MlaAttentionParams& p);
 Status mla_validate(const MlaVUpParams& p);
 

@@ -120,8 +120,9 @@ Status validate_stage(const Stage& s);
 int dependency_levels(const std::vector<Stage>& stages);
 
 // The graph path: launches the stage through its launcher (which validates first), or every stage
-// in table order, stopping at the first error (named with its index and layer). Nothing is
-// allocated or synchronised, so the calls can be captured into a CUDA graph.
+// in table order, stopping at the first error (named with its index and layer); there a q
+// absorption and the cache append that joins it are one launch (ops::mla_q_absorb_and_append, the
+// same bits). Nothing is allocated or synchronised, so the calls can be captured into a CUDA graph.
 Status run_stage(const Stage& s, cudaStream_t stream);
 Status run_stages(const std::vector<Stage>& stages, cudaStream_t stream);
 
