@@ -60,6 +60,17 @@ __device__ __forceinline__ float2 rope_pair(const MlaRope& rope, int pos, int pa
   return make_float2(float(x0 * c - x1 * s), float(x0 * s + x1 * c));
 }
 
+// 1 / l for a softmax row's sum (l >= 1: its largest term is exp2(0) = 1), or 0 for an empty row
+// (l = 0, or NaN from bad data). The compiler's correctly rounded division for 1 <= l < 2^125 is
+// exactly this (MUFU.RCP and one Newton step); its other ranges go through a called slow path, and
+// in a separately compiled body (the megakernel's) that call makes ptxas serialise every wgmma.
+__device__ __forceinline__ float inverse_row_sum(float l) {
+  if (!(l > 0.f)) return 0.f;
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(l));
+  return fmaf(r, -fmaf(l, r, -1.f), r);
+}
+
 // Nonzero when the scheduler flagged this step's device-side input (then nothing is written).
 __device__ __forceinline__ bool step_flagged(const std::int32_t* error_flag) { return *error_flag != 0; }
 

@@ -107,7 +107,7 @@ struct PairPartials {
     if (i == 1) return partner[it];
     const int row = it / kFloat4PerRow;
     const float l = row_sum[row];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = inverse_row_sum(l);
     const float4 v = *reinterpret_cast<const float4*>(o_rows + row * SplitKvConfig::kOutStride + (it % kFloat4PerRow) * 4);
     return make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
   }

@@ -74,7 +74,7 @@ int grid_for(int tiles, int per_sm) { return std::max(1, std::min(tiles, detail:
 }  // namespace
 
 int mla_num_parts(int num_heads) {
-  return std::max(detail::sm_count() / std::max(head_groups(num_heads), 1), 1);
+  return std::max(detail::sm_count() / std::max(head_groups<SplitKvConfig>(num_heads), 1), 1);
 }
 
 Status mla_sched(const MlaSchedParams& p, cudaStream_t stream) {

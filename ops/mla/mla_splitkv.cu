@@ -1,5 +1,6 @@
-// Split-KV attention kernel and launchers (one block per tile: ~202 KB of shared memory each):
-// mla_splitkv alone, and mla_attention, which fuses the combine when it can.
+// Split-KV attention kernel and launchers (one block per tile: ~207 KB of shared memory each):
+// mla_splitkv alone, mla_attention, which fuses the combine when it can, and the half-SM tile
+// shape's launcher (its tests and benchmark).
 #include <encore/ops/mla.h>
 
 #include "common/cuda_check.h"

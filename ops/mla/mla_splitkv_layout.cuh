@@ -131,7 +131,7 @@ __device__ __forceinline__ std::int32_t page_id_of(const MlaAttentionParams& p, 
 }
 
 // The pages of request `req` that a part computes: page_begin .. page_begin + num_pages - 1 of the
-// request (tokens below token_end), and the ids of the first kStages of them, read speculatively
+// request (tokens below token_end), and the ids of the first kRingSlots of them, read speculatively
 // with the length (one round trip; clamped into the table row, used only for pages that exist).
 template <class Cfg>
 struct RequestPages {

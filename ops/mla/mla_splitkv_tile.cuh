@@ -3,7 +3,8 @@
 // Per 64-token page: S = Q K^T and O += P V on the warpgroup tensor cores (wgmma, bf16 in, fp32
 // accumulate, every operand read from shared memory), online softmax in base 2, P rounded to bf16.
 // One page in shared memory serves K (576 columns) and V (its first 512 columns). Pages stream
-// through a 2-slot TMA ring (mla_page_ring.cuh; layout: mla_splitkv_layout.cuh); split
+// through a ring of TMA slots (two, or one in the half-SM shape; mla_page_ring.cuh; layout:
+// mla_splitkv_layout.cuh); split
 // requests are merged by mla_combine or, fused, by mla_fused_combine.cuh. (Other shapes of this
 // body that were measured and dropped: bench/notes/.)
 //
@@ -227,7 +228,7 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
       const int head = group * Cfg::kRows + row;
       if (head >= p.num_heads) break;  // rows only grow with it
       const float l = sm.row_sum[row];
-      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const float inv = inverse_row_sum(l);
       const float4 v = *reinterpret_cast<const float4*>(o_rows + row * Cfg::kOutStride + c4 * 4);
       reinterpret_cast<float4*>(o_base + std::int64_t(head) * kMlaLatentDim)[c4] = make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
     }
