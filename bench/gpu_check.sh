@@ -36,7 +36,7 @@ declare -A small=(
   [kda]='KdaGpu.OneStep*:KdaGpu.SlotIsolationAndPadding:KdaGpu.BadSlotIdsLeaveStatesUntouched'
   [mla]='MlaGpu.MixedBatchAllHeadCounts:MlaGpu.AppendRopePositionsAndNopeCopy:MlaGpu.BadDeviceInputLeavesCacheUntouched:MlaGpu.HalfSm*:MlaGpu.AbsorbAndAppend*'
   [moe]='MoeTopkGpu.*:MoeRouterGpu.*:MoeExpertsGpu.Small*'
-  [pipeline]='Tiny/MegakernelTiny.*:Tiny/MegakernelTwoPerSm.*:Tiny/MegakernelGpu.RunsInsideACapturedGraph*:Tiny/PipelineGpu.GraphReplaysMatchEagerStepsBitForBit*:GeneratorTiny.*:PipelineGpuWide.*:MegakernelTinyWide.*'
+  [pipeline]='Tiny/MegakernelTiny.*:Tiny/MegakernelTwoPerSm.*:Tiny/MegakernelGpu.RunsInsideACapturedGraph*:Tiny/PipelineGpu.GraphReplaysMatchEagerStepsBitForBit*:GeneratorTiny.*:PipelineGpuWide.*:MegakernelTinyWide.*:PipelineGpuInputs.GatherAndScheduler*'
   [sample]='GreedyGpu.*'
 )
 if has sanitizers; then

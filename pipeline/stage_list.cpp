@@ -20,15 +20,18 @@ class Builder {
     push(StageKind::kEmbed, StageRole::kEmbed, -1, &StageParams::embed) =
         EmbedParams{weight<__nv_bfloat16>("token_embd.weight"), buffer<std::int32_t>("step.token_ids"), buffer<float>("x"),
                     c_.vocab, c_.hidden, B_};
-    bool scheduled = false;
-    for (int l = 0; l < c_.layers(); ++l) {
-      if (c_.attention[l] == Attention::kKda) {
-        kda_layer(l);
-      } else {
-        if (!scheduled) mla_sched(l);  // once per step: every MLA layer shares the plan
-        scheduled = true;
-        mla_layer(l);
+    // The split-KV plan, once per step for every MLA layer: it reads only the step's inputs, so it
+    // joins the gather (the graph path runs both in one launch).
+    for (int l = 0; l < c_.layers(); ++l)
+      if (c_.attention[l] == Attention::kMla) {
+        mla_sched(l);
+        break;
       }
+    for (int l = 0; l < c_.layers(); ++l) {
+      if (c_.attention[l] == Attention::kKda)
+        kda_layer(l);
+      else
+        mla_layer(l);
       c_.mlp[l] == Mlp::kDense ? dense_mlp(l) : moe(l);
     }
     push_gemv(StageKind::kRmsNormGemv, StageRole::kLmHead, -1, &StageParams::rms_gemv,
@@ -146,7 +149,7 @@ class Builder {
   ops::MlaRope rope() const { return c_.mla.nope ? ops::mla_rope_none() : ops::mla_rope_deepseek_v3(); }
 
   void mla_sched(int l) {
-    ops::MlaSchedParams& p = push(StageKind::kMlaSched, StageRole::kMlaSched, -1, &StageParams::mla_sched);
+    ops::MlaSchedParams& p = push(StageKind::kMlaSched, StageRole::kMlaSched, -1, &StageParams::mla_sched, true);
     p.seq_lens = buffer<std::int32_t>("step.seq_lens"), p.positions = buffer<std::int32_t>("step.positions");
     p.cache = cache(l), p.batch = B_, p.num_parts = o_.mla_num_parts;
     p.part_plans = buffer<ops::MlaPartPlan>("mla.part_plans"), p.num_splits = buffer<std::int32_t>("mla.num_splits");

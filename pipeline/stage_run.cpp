@@ -1,6 +1,7 @@
-// The graph path's executor: each stage is one call of its launcher, in table order, except that a
-// q absorption and the cache append joining it run as one launch (mla_q_absorb_and_append: in one
-// stream the append would otherwise wait for the absorption). The launchers validate before
+// The graph path's executor: each stage is one call of its launcher, in table order, except two
+// pairs whose second stage joins the first, each run as one launch (in one stream the second would
+// otherwise wait for the first): the gather and the MLA scheduler (embed_and_mla_sched), a q
+// absorption and its cache append (mla_q_absorb_and_append). The launchers validate before
 // launching and neither allocate nor synchronise, so a whole run can be captured into a CUDA graph
 // (graphs/decode_graph.cpp).
 #include <string>
@@ -31,14 +32,15 @@ Status run_stage(const Stage& s, cudaStream_t stream) {
 
 Status run_stages(const std::vector<Stage>& stages, cudaStream_t stream) {
   for (std::size_t i = 0; i < stages.size(); ++i) {
-    const bool absorb_and_append = stages[i].kind == StageKind::kMlaQAbsorb && i + 1 < stages.size() &&
-                                   stages[i + 1].kind == StageKind::kMlaKvAppend && stages[i + 1].joins_previous;
-    const Status s = absorb_and_append
-                         ? ops::mla_q_absorb_and_append(stages[i].params.mla_q_absorb, stages[i + 1].params.mla_kv_append, stream)
-                         : run_stage(stages[i], stream);
+    const Stage* next = i + 1 < stages.size() && stages[i + 1].joins_previous ? &stages[i + 1] : nullptr;
+    const bool absorb_and_append = stages[i].kind == StageKind::kMlaQAbsorb && next && next->kind == StageKind::kMlaKvAppend;
+    const bool embed_and_sched = stages[i].kind == StageKind::kEmbed && next && next->kind == StageKind::kMlaSched;
+    const Status s = absorb_and_append ? ops::mla_q_absorb_and_append(stages[i].params.mla_q_absorb, next->params.mla_kv_append, stream)
+                     : embed_and_sched ? embed_and_mla_sched(stages[i].params.embed, next->params.mla_sched, stream)
+                                       : run_stage(stages[i], stream);
     if (!s.ok())
       return Status(s.code(), "stage " + std::to_string(i) + " (layer " + std::to_string(stages[i].layer) + "): " + s.message());
-    i += absorb_and_append;
+    i += absorb_and_append || embed_and_sched;
   }
   return {};
 }

@@ -67,12 +67,9 @@ class Lowering {
     ENCORE_REQUIRE(target_.blocks_per_sm == 1 || target_.blocks_per_sm == 2, StatusCode::kInvalidArgument,
                    "megakernel: blocks_per_sm must be 1 or 2 (got ", target_.blocks_per_sm, ")");
     out_.grid = target_.sms * target_.blocks_per_sm;
-    // The split-KV scheduler reads only the step's inputs: first, so its plan is ready long before
-    // the first MLA layer needs it.
-    for (std::size_t i = 0; i < stages_.size(); ++i)
-      if (stages_[i].kind == StageKind::kMlaSched) ENCORE_RETURN_IF_ERROR(lower_stage(int(i)));
-    for (std::size_t i = 0; i < stages_.size(); ++i)
-      if (stages_[i].kind != StageKind::kMlaSched) ENCORE_RETURN_IF_ERROR(lower_stage(int(i)));
+    // (The split-KV scheduler, which reads only the step's inputs, comes right after the gather in
+    // the table, so its plan is ready long before the first MLA layer needs it.)
+    for (std::size_t i = 0; i < stages_.size(); ++i) ENCORE_RETURN_IF_ERROR(lower_stage(int(i)));
     ENCORE_RETURN_IF_ERROR(link());
     const Node* largest = nullptr;
     for (Node& n : nodes_) {

@@ -526,6 +526,50 @@ TEST_F(PipelineGpuWide, Fp16GemvCoreTracksTheDefaultAndReplaysBitForBit) {
   ENCORE_OK(p->set_gemv_core(ops::GemvCore::kAuto));
 }
 
+// The gather and the MLA scheduler in one launch (what run_stages does with the table's first two
+// stages) write what the two launches write, bit for bit: x, the split plan, the split counts and
+// the flag, over steps with a pad row and a page boundary.
+TEST_F(PipelineGpuInputs, GatherAndSchedulerInOneLaunchMatchTwoLaunches) {
+  const std::vector<Stage>& s = p->stages();
+  ASSERT_GE(s.size(), 2u);
+  ASSERT_EQ(s[0].kind, StageKind::kEmbed);
+  ASSERT_EQ(s[1].kind, StageKind::kMlaSched);
+  ASSERT_TRUE(s[1].joins_previous);
+  const ops::MlaSchedParams& sched = s[1].params.mla_sched;
+  struct Out {
+    void* ptr;
+    std::size_t bytes;
+  };
+  const Out outs[] = {{s[0].params.embed.x, std::size_t(s[0].params.embed.batch) * s[0].params.embed.hidden * 4},
+                      {sched.part_plans, std::size_t(sched.num_parts) * ops::kMlaPartPlanInts * 4},
+                      {sched.num_splits, (std::size_t(sched.batch) + 1) * 4},
+                      {sched.error_flag, 4}};
+  for (int t = 0; t < 6; ++t) {
+    SCOPED_TRACE("step " + std::to_string(t));
+    ENCORE_OK(p->set_step(step_inputs(t, p->config())));
+    ENCORE_OK(p->enqueue_inputs(stream));
+    std::vector<std::vector<char>> two;
+    for (int fused = 0; fused < 2; ++fused) {
+      for (const Out& o : outs) CUDA_OK(cudaMemsetAsync(o.ptr, 0xFF, o.bytes, stream));
+      if (fused) {
+        ENCORE_OK(embed_and_mla_sched(s[0].params.embed, sched, stream));
+      } else {
+        ENCORE_OK(run_stage(s[0], stream));
+        ENCORE_OK(run_stage(s[1], stream));
+      }
+      CUDA_OK(cudaStreamSynchronize(stream));
+      for (std::size_t i = 0; i < std::size(outs); ++i) {
+        std::vector<char> got = download_bytes(outs[i].ptr, outs[i].bytes);
+        if (!fused)
+          two.push_back(std::move(got));
+        else
+          EXPECT_TRUE(got == two[i]) << "output " << i << " (x, part_plans, num_splits, error_flag)";
+      }
+    }
+    EXPECT_EQ(std::vector<char>(4, 0), two[3]) << "the scheduler flagged good inputs";
+  }
+}
+
 TEST_F(PipelineGpuInputs, DecodeGraphRunsAsAChildNode) {
   DecodeGraph graph;
   ENCORE_OK(DecodeGraph::capture(*p, stream, graph));

@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <encore/ops/mla.h>
 #include <encore/status.h>
 
 namespace encore::pipeline {
@@ -26,5 +27,8 @@ Status validate(const EmbedParams& p);
 
 // Validate, then launch one block per row (programmatic dependents of the previous kernel).
 Status embed(const EmbedParams& p, cudaStream_t stream);
+// The gather and the MLA split-KV scheduler in one launch (both read only the step's inputs; one
+// more block plans while the others gather): the same outputs as embed then ops::mla_sched.
+Status embed_and_mla_sched(const EmbedParams& e, const ops::MlaSchedParams& s, cudaStream_t stream);
 
 }  // namespace encore::pipeline
