@@ -4,9 +4,8 @@
 // accumulate, every operand read from shared memory), online softmax in base 2, P rounded to bf16.
 // One page in shared memory serves K (576 columns) and V (its first 512 columns). Pages stream
 // through a ring of TMA slots (two, or one in the half-SM shape; mla_page_ring.cuh; layout:
-// mla_splitkv_layout.cuh); split
-// requests are merged by mla_combine or, fused, by mla_fused_combine.cuh. (Other shapes of this
-// body that were measured and dropped: bench/notes/.)
+// mla_splitkv_layout.cuh); split requests are merged by mla_combine or, fused, by
+// mla_fused_combine.cuh. (Other shapes of this body that were measured and dropped: bench/notes/.)
 //
 // Warpgroup roles (2 warpgroups, 256 threads; N = kRows):
 //   scores:  S^T = K Q^T (M = 64 tokens, N heads); warpgroup g takes the k16 steps 2 s + g
