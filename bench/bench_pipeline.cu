@@ -158,7 +158,8 @@ const char* role_name(pipeline::StageRole r) {
 
 // Where a step's time goes: the stages launched eagerly with an event before each, per-stage
 // medians over the iterations, summed by role (us per step). Events serialise the stages, so the
-// total exceeds the graph's step time by the overlap PDL gives.
+// total exceeds the graph's step time by the overlap PDL gives; every stage runs its own launch
+// here, the pairs the graph path launches together (run_stages) included.
 void BM_DecodeStages(benchmark::State& state, ops::GemvCore core) {
   const int batch = int(state.range(0));
   DecodeSetup& s = setup();
