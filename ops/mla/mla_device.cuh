@@ -61,9 +61,10 @@ __device__ __forceinline__ float2 rope_pair(const MlaRope& rope, int pos, int pa
 }
 
 // 1 / l for a softmax row's sum (l >= 1: its largest term is exp2(0) = 1), or 0 for an empty row
-// (l = 0, or NaN from bad data). The compiler's correctly rounded division for 1 <= l < 2^125 is
-// exactly this (MUFU.RCP and one Newton step); its other ranges go through a called slow path, and
-// in a separately compiled body (the megakernel's) that call makes ptxas serialise every wgmma.
+// (l = 0, or NaN from bad data). The compiler's correctly rounded division is exactly this for
+// such l (MUFU.RCP and one Newton step: its fast path, normal l below 2^126); its slow path for
+// the other ranges is a call, and in a separately compiled body (the megakernel's) that call makes
+// ptxas serialise every wgmma.
 __device__ __forceinline__ float inverse_row_sum(float l) {
   if (!(l > 0.f)) return 0.f;
   float r;

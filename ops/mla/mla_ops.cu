@@ -40,8 +40,8 @@ __global__ void __launch_bounds__(kBlockThreads) mla_q_absorb_kernel(const __gri
 
 // Both in one grid: blocks [0, absorb_blocks) take the absorption's tiles, the others the append's
 // rows, each with its own kernel's wait and release (the absorption releases its dependents when
-// done, the append right after its wait).
-__global__ void __launch_bounds__(kBlockThreads) mla_q_absorb_append_kernel(const __grid_constant__ MlaQAbsorbParams q,
+// done, the append right after its wait). Four blocks per SM, as the launcher plans the absorption.
+__global__ void __launch_bounds__(kBlockThreads, 4) mla_q_absorb_append_kernel(const __grid_constant__ MlaQAbsorbParams q,
                                                                             const __grid_constant__ MlaKvAppendParams a,
                                                                             int absorb_blocks) {
   extern __shared__ __align__(16) char smem[];

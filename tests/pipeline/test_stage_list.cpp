@@ -51,7 +51,7 @@ std::vector<R> layer_roles(const ModelConfig& c, int l) {
   return roles;
 }
 
-// The expected table: embed, layers (scheduler before the first MLA layer), LM head.
+// The expected table: embed, the scheduler (if any MLA layer), layers, LM head.
 std::vector<std::pair<R, int>> expected_order(const ModelConfig& c) {
   std::vector<std::pair<R, int>> out = {{R::kEmbed, -1}};
   if (std::count(c.attention.begin(), c.attention.end(), Attention::kMla) > 0) out.push_back({R::kMlaSched, -1});

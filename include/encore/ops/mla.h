@@ -165,10 +165,12 @@ struct MlaAttentionParams {
   // split request meet on its counter and merge the partials themselves (see mla_attention).
   std::int32_t* counters = nullptr;
   // The plan (part_plans, num_splits, error_flag), seq_lens, the block table and every cache row
-  // but each request's newest were complete before the previous kernel in the stream started (a
-  // decode step: mla_sched and the step's inputs come first, and the newest row is the one
+  // but each request's newest were complete by the time an earlier kernel in the stream had all of
+  // its blocks past their programmatic wait (a decode step: mla_sched and the step's inputs come
+  // first, every kernel between waits on its predecessor, and the newest row is the one
   // mla_kv_append writes). Each split-KV tile then reads its plan and starts copying its first
-  // pages, but the newest, before it waits for that kernel (PDL); q576 and the newest page follow.
+  // pages, but the newest, before it waits for the previous kernel (PDL); q576 and the newest page
+  // follow.
   bool plan_settled = false;
 };
 int mla_splitkv_num_tiles(const MlaAttentionParams& p);

@@ -9,7 +9,7 @@
 //   KDA layer: in-proj (RMSNorm + Q4_K GEMV, [q|k|v|f_a|g_a|b]) -> kda -> o_proj GEMV + residual
 //   MLA layer: in-proj (RMSNorm + GEMV, [q|kv_a]) [-> q_b GEMV with q LoRA] -> q_absorb, kv_append
 //              (independent: the second joins the first) -> splitkv -> combine -> v_up -> o_proj
-//              (+ the split-KV scheduler once per step, before the first MLA layer)
+//              (+ the split-KV scheduler once per step, right after the embedding gather, joining it)
 //   dense MLP: RMSNorm + gate/up GEMV (SiLU·mul) -> down GEMV + residual
 //   MoE:       router (RMSNorm fused, GEMV + top-k) -> experts (RMSNorm fused, work list,
 //              gate/up, down + ordered combine + residual); both read the residual stream x
