@@ -35,7 +35,6 @@ Status add_moe_buffers(const ModelConfig& c, const BufferOptions& o, TensorArena
   ENCORE_REQUIRE(router_ws > 0 && experts_ws > 0, StatusCode::kInvalidArgument,
                  "buffers: the MoE op reports no workspace for this config");
   ENCORE_RETURN_IF_ERROR(b.add("moe.router_ws", DType::kU8, {router_ws}));
-  ENCORE_RETURN_IF_ERROR(b.add("moe.router_counter", DType::kI32, {1}));
   ENCORE_RETURN_IF_ERROR(b.add("moe.topk_ids", DType::kI32, {o.max_batch, e.top_k}));
   ENCORE_RETURN_IF_ERROR(b.add("moe.topk_weights", DType::kF32, {o.max_batch, e.top_k}));
   ENCORE_RETURN_IF_ERROR(b.add("moe.experts_ws", DType::kU8, {experts_ws}));

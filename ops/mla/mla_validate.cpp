@@ -48,6 +48,11 @@ Status check_rope(const MlaRope& r, const char* op) {
 int mla_head_groups(int num_heads) { return (num_heads + 31) / 32; }  // split-KV tiles per part
 
 std::size_t pool_bytes(const MlaPagedCache& c) { return std::size_t(c.num_pages) * kMlaPageTokens * kMlaRowDim * 2; }
+// Bytes from the first row's start to the last row's end: rows of `width` floats `stride` apart
+// (a row may start inside a wider buffer, so batch * stride would run past its end).
+std::size_t float_rows_bytes(int rows, std::int64_t stride, std::int64_t width) {
+  return rows > 0 ? std::size_t((std::int64_t(rows) - 1) * stride + width) * 4 : 0;
+}
 
 }  // namespace
 
@@ -87,7 +92,7 @@ Status mla_validate(const MlaKvAppendParams& p) {
   ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_kv_append", p.positions, 4, "positions"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_kv_append", p.seq_lens, 4, "seq_lens"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_kv_append", p.error_flag, 4, "error_flag"));
-  const std::size_t kv_bytes = std::size_t(p.batch) * p.kv_a_stride * 4;
+  const std::size_t kv_bytes = float_rows_bytes(p.batch, p.kv_a_stride, kMlaRowDim);
   ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {p.cache.pages, pool_bytes(p.cache), "cache.pages"}, {p.kv_a, kv_bytes, "kv_a"}));
   ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {p.cache.pages, pool_bytes(p.cache), "cache.pages"}, {p.norm_weight, kMlaLatentDim * 4, "norm_weight"}));
   ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {p.cache.pages, pool_bytes(p.cache), "cache.pages"}, {p.cache.block_table, std::size_t(p.batch) * p.cache.block_table_stride * 4, "block_table"}));
@@ -108,7 +113,7 @@ Status mla_validate(const MlaQAbsorbParams& p) {
   ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_q_absorb", p.positions, 4, "positions"));
   ENCORE_RETURN_IF_ERROR(detail::check_pointer("mla_q_absorb", p.q576, 16, "q576"));
   const std::size_t out_bytes = std::size_t(p.batch) * p.num_heads * kMlaRowDim * 2;
-  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {p.q576, out_bytes, "q576"}, {p.q, std::size_t(p.batch) * p.q_stride * 4, "q"}));
+  ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {p.q576, out_bytes, "q576"}, {p.q, float_rows_bytes(p.batch, p.q_stride, std::int64_t(p.num_heads) * kMlaQHeadDim), "q"}));
   ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {p.q576, out_bytes, "q576"}, {p.kv_b, std::size_t(p.num_heads) * kMlaKvbRowsPerHead * kMlaLatentDim * 2, "kv_b"}));
   ENCORE_RETURN_IF_ERROR(detail::check_disjoint(op, {p.q576, out_bytes, "q576"}, {p.positions, std::size_t(p.batch) * 4, "positions"}));
   return {};
@@ -121,10 +126,10 @@ Status mla_validate(const MlaQAbsorbParams& q, const MlaKvAppendParams& a) {
   // One launch: neither's outputs may touch what the other reads or writes.
   return detail::check_disjoint(
       op,
-      {{q.q, std::size_t(q.batch) * q.q_stride * 4, "q"},
+      {{q.q, float_rows_bytes(q.batch, q.q_stride, std::int64_t(q.num_heads) * kMlaQHeadDim), "q"},
        {q.kv_b, std::size_t(q.num_heads) * kMlaKvbRowsPerHead * kMlaLatentDim * 2, "kv_b"},
        {q.positions, std::size_t(q.batch) * 4, "positions"},
-       {a.kv_a, std::size_t(a.batch) * a.kv_a_stride * 4, "kv_a"},
+       {a.kv_a, float_rows_bytes(a.batch, a.kv_a_stride, kMlaRowDim), "kv_a"},
        {a.norm_weight, kMlaLatentDim * 4, "norm_weight"},
        {a.cache.block_table, std::size_t(a.batch) * a.cache.block_table_stride * 4, "block_table"},
        {a.positions, std::size_t(a.batch) * 4, "positions"},

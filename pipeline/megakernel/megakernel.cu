@@ -170,8 +170,6 @@ Status Megakernel::read_status(cudaStream_t stream) {
   const WaitReport first = *r;
   // On `stream`, so the next launch there finds them zero.
   ENCORE_CUDA_TRY(cudaMemsetAsync(static_cast<char*>(device_.get()) + counters_offset_, 0, counters_bytes_, stream));
-  // A router cut off mid-count would make a later call's early block take itself for the last one.
-  if (void* c = pipeline_->buffer("moe.router_counter")) ENCORE_CUDA_TRY(cudaMemsetAsync(c, 0, sizeof(std::int32_t), stream));
   auto name = [&](int i) { return i >= 0 && i < count_ ? program_[i].name : std::string("?"); };
   return Status(StatusCode::kCudaError,
                 detail::concat("megakernel: a wait timed out in step ", first.step, ": instruction ", first.instruction, " (",

@@ -15,7 +15,6 @@
 //   mla.v_out          fp32 [G][H*128]
 //   mlp.mid            fp32 [G][dense_width]   dense layers only
 //   moe.router_ws, moe.experts_ws        sized by the MoE op's own workspace queries
-//   moe.router_counter int32 [1]         the fused router's arrival counter (zero between steps)
 //   moe.topk_ids int32 / moe.topk_weights fp32 [B][top_k]
 //   logits             fp32 [G][vocab]
 //   flags.mla, flags.moe                 int32 error flags (sticky; the host reads them after a step)

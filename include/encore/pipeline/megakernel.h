@@ -89,9 +89,9 @@ class Megakernel final : public DecodeStep {
   bool copies_staged_inputs() const override { return copies_inputs_; }
   // The launch alone (the caller wrote the step inputs into the pipeline's buffers itself).
   Status launch(cudaStream_t stream) const;
-  // Synchronises `stream`; a wait that timed out is reported (then the dependency counters and the
-  // MoE router's arrival counter are reset so the next launch starts clean; the state of the
-  // abandoned step is undefined: reset it with Pipeline::reset_state before the next step).
+  // Synchronises `stream`; a wait that timed out is reported (then the dependency counters are
+  // reset so the next launch starts clean; the state of the abandoned step is undefined: reset it
+  // with Pipeline::reset_state before the next step).
   Status read_status(cudaStream_t stream);
 
   // The last launch's timeline (options.trace): one entry per instruction. Synchronises `stream`.
