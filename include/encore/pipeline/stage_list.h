@@ -19,8 +19,8 @@
 // (ceil(B / 16) - 1) stages, the extra ones joining the first, the same 158 levels). The cut of the MoE
 // layer differs from docs/model.md's ([norm + router + top-k + work list] [gate/up] [down]): the norm is
 // fused into both MoE ops and the work list is built inside moe_experts. Graph-path kernels are
-// more than stages: moe_router launches one up to 8 tokens (the pipeline gives it its arrival
-// counter, so its last block routes) or two, and moe_experts two (up to 8 tokens) or three.
+// more than stages: moe_router launches two (logits, top-k), and moe_experts two (up to 8 tokens)
+// or three.
 #pragma once
 
 #include <type_traits>
