@@ -8,11 +8,10 @@
 //
 //   encore_ab [--batches 1,4,16] [--contexts 1024,4096,16384,32768] [--long 131072]
 //             [--steps 10] [--rounds 7] [--out DIR] [--trace] [--gemv-core auto|dp4a|int8|f16]
-//             [--model kimi|kimi-kda] [--blocks-per-sm 1|2] [--l2-lookahead-mb MB]
+//             [--model kimi|kimi-kda] [--blocks-per-sm 1|2]
 // kimi-kda is the preset with every MLA layer made a KDA layer. --blocks-per-sm 2 runs the
 // megakernel at two blocks per SM (split-KV in its tile shape for half an SM); the batches it
 // refuses (from 3: the dense down projection's plan needs more than half an SM) are skipped.
-// --l2-lookahead-mb sets MegakernelOptions::l2_lookahead_bytes (default: the library's default).
 // Without a CUDA device it says so and exits with status 1.
 #include <algorithm>
 #include <cstdio>
@@ -49,7 +48,6 @@ struct Options {
   encore::ops::GemvCore gemv_core = encore::ops::GemvCore::kAuto;  // the Q4_K GEMV stages' core, both paths
   bool kda_for_mla = false;  // --model kimi-kda
   int blocks_per_sm = 1;     // the megakernel's resident blocks per SM
-  long long l2_lookahead_mb = -1;  // MegakernelOptions::l2_lookahead_bytes in MB; -1: the default
 };
 
 std::vector<int> parse_list(const char* s) {
@@ -67,7 +65,7 @@ bool parse(int argc, char** argv, Options& o) {
     if (a == "--help" || a == "-h") {
       std::printf("usage: encore_ab [--batches 1,4,16] [--contexts 1024,4096,16384,32768] [--long 131072 (batch 1; 0: none)]\n"
                   "                 [--steps 10] [--rounds 7] [--out DIR] [--trace] [--gemv-core auto|dp4a|int8|f16]\n"
-                  "                 [--model kimi|kimi-kda] [--blocks-per-sm 1|2] [--l2-lookahead-mb MB]\n");
+                  "                 [--model kimi|kimi-kda] [--blocks-per-sm 1|2]\n");
       std::exit(0);
     }
     if (a == "--trace") {
@@ -99,10 +97,6 @@ bool parse(int argc, char** argv, Options& o) {
       if (b == "1") o.blocks_per_sm = 1;
       else if (b == "2") o.blocks_per_sm = 2;
       else return false;
-    } else if (a == "--l2-lookahead-mb") {
-      char* end = nullptr;
-      o.l2_lookahead_mb = std::strtoll(next, &end, 10);
-      if (!end || *end || o.l2_lookahead_mb < 0) return false;
     } else return false;
     ++i;
   }
@@ -238,9 +232,6 @@ int main(int argc, char** argv) {
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
-  encore::pipeline::MegakernelOptions defaults;
-  const std::size_t lookahead_bytes = o.l2_lookahead_mb >= 0 ? std::size_t(o.l2_lookahead_mb) << 20 : defaults.l2_lookahead_bytes;
-  std::printf("megakernel: %d block(s) per SM, L2 lookahead %.1f MB per MoE layer\n", o.blocks_per_sm, lookahead_bytes / 1048576.0);
   std::vector<Row> rows;
   for (int batch : o.batches) {
     std::vector<int> contexts = o.contexts;
@@ -262,7 +253,6 @@ int main(int argc, char** argv) {
     Megakernel mk, traced;
     encore::pipeline::MegakernelOptions mk_options;
     mk_options.blocks_per_sm = o.blocks_per_sm;
-    mk_options.l2_lookahead_bytes = lookahead_bytes;
     if (Status s = Megakernel::build(*p, mk, mk_options); !s.ok() && o.blocks_per_sm > 1) {
       // Half an SM's shared memory refuses some batches (docs/megakernel.md §3): skip them.
       std::printf("batch %d: skipped at %d blocks per SM: %s\n", batch, o.blocks_per_sm, s.to_string().c_str());
@@ -307,8 +297,8 @@ int main(int argc, char** argv) {
   const std::string json = o.out + "/ab.json", png = o.out + "/ab.png";
   if (std::system(("mkdir -p '" + o.out + "'").c_str()) != 0) std::fprintf(stderr, "encore_ab: cannot create %s\n", o.out.c_str());
   if (FILE* j = std::fopen(json.c_str(), "w")) {
-    std::fprintf(j, "{\n  \"device\": \"%s\",\n  \"read_GBps\": %.1f,\n  \"model\": \"%s\",\n  \"megakernel_blocks_per_sm\": %d,\n  \"l2_lookahead_bytes\": %zu,\n  \"rows\": [\n",
-                 f.name.c_str(), f.read_bw_bytes_per_s * 1e-9, config.name.c_str(), o.blocks_per_sm, lookahead_bytes);
+    std::fprintf(j, "{\n  \"device\": \"%s\",\n  \"read_GBps\": %.1f,\n  \"model\": \"%s\",\n  \"megakernel_blocks_per_sm\": %d,\n  \"rows\": [\n",
+                 f.name.c_str(), f.read_bw_bytes_per_s * 1e-9, config.name.c_str(), o.blocks_per_sm);
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::fprintf(j, "    {\"batch\": %d, \"context\": %d, \"graph_us\": %.2f, \"megakernel_us\": %.2f, \"floor_us\": %.2f, "

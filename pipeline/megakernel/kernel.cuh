@@ -272,27 +272,6 @@ __device__ __forceinline__ void run(int slot, Opcode op, const TileRange r, Coun
   }
 }
 
-// The L2 lookahead (lower.h): lane `lane` of `lanes` pulls its share of the instruction's ranges,
-// laid end to end, into L2 with bulk prefetches (nothing waits for them), a chunk per thread of
-// warp 0.
-constexpr std::uint64_t kPrefetchChunk = 32 * 1024;
-__device__ __forceinline__ void issue_lookahead(const KernelArgs& a, const Instruction& ins, int lane, int lanes) {
-  if (ins.prefetch_count == 0 || threadIdx.x >= 32) return;
-  const std::uint64_t total = std::uint64_t(ins.prefetch_bytes);
-  const std::uint64_t from = total * std::uint64_t(lane) / std::uint64_t(lanes) / 16 * 16;
-  const std::uint64_t to = lane + 1 == lanes ? total : total * std::uint64_t(lane + 1) / std::uint64_t(lanes) / 16 * 16;
-  std::uint64_t at = 0;  // where range r starts in the laid-out bytes
-  for (int r = 0; r < ins.prefetch_count && at < to; ++r) {
-    const PrefetchRange range = a.prefetch[ins.prefetch_first + r];
-    const std::uint64_t lo = max(at, from), hi = min(at + range.bytes, to);
-    for (std::uint64_t c = lo + threadIdx.x * kPrefetchChunk; c < hi; c += 32 * kPrefetchChunk) {
-      const std::uint64_t bytes = min(kPrefetchChunk, hi - c);
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(range.begin + (c - at)), "r"(std::uint32_t(bytes)) : "memory");
-    }
-    at += range.bytes;
-  }
-}
-
 // Copies instruction `i` into a shared-memory slot with 16-byte cp.async (one group, no wait).
 __device__ __forceinline__ void stage_instruction(const KernelArgs& a, int i, Instruction* slot) {
   constexpr int kChunks = int(sizeof(Instruction) / 16);
@@ -334,7 +313,6 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) megakernel(const 
     const Header h = ins.h;
     const int lane = lane_of(a, h, i, step);
     if (a.trace && threadIdx.x == 0) a.trace[std::int64_t(i) * grid + blockIdx.x].start = global_ns();
-    issue_lookahead(a, ins, lane, min(int(h.tiles), grid));
     CounterWait early{a, ins.deps, h.early_deps, step, i, lane};
     early();
     CounterWait late{a, ins.deps + h.early_deps, h.late_deps, step, i, lane};

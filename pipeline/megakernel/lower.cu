@@ -71,7 +71,6 @@ class Lowering {
     // the table, so its plan is ready long before the first MLA layer needs it.)
     for (std::size_t i = 0; i < stages_.size(); ++i) ENCORE_RETURN_IF_ERROR(lower_stage(int(i)));
     ENCORE_RETURN_IF_ERROR(link());
-    plan_lookahead();
     const Node* largest = nullptr;
     for (Node& n : nodes_) {
       if (!largest || n.info.smem > largest->info.smem) largest = &n;
@@ -141,7 +140,6 @@ class Lowering {
         const ops::MlaQAbsorbParams& q = p.mla_q_absorb;
         Node& n = add(Opcode::kMlaQAbsorb, ops::mla_q_absorb_num_tiles(q), si, "mla.q_absorb", mla::mla_q_absorb_smem_bytes());
         n.ins.params.mla_q_absorb = q;
-        n.info.weights = {kv_b_of(q.kv_b, q.num_heads)};
         n.info.accesses = {rows_of(q.q, q.batch, q.q_stride, std::int64_t(q.num_heads) * ops::kMlaQHeadDim, false),
                       bytes_of(q.q576, std::size_t(q.batch) * q.num_heads * ops::kMlaRowDim * 2, true)};
         return {};
@@ -166,7 +164,6 @@ class Lowering {
         const ops::MlaVUpParams& v = p.mla_v_up;
         Node& n = add(Opcode::kMlaVUp, ops::mla_v_up_num_tiles(v), si, "mla.v_up", 0);
         n.ins.params.mla_v_up = v;
-        n.info.weights = {kv_b_of(v.kv_b, v.num_heads)};
         n.info.accesses = {bytes_of(v.o_lat, std::size_t(v.batch) * v.num_heads * ops::kMlaLatentDim * 4, false),
                       bytes_of(v.out, std::size_t(v.batch) * v.num_heads * ops::kMlaVHeadDim * 4, true)};
         return {};
@@ -197,7 +194,6 @@ class Lowering {
     out_.tokens = plan.tokens, gemv_seen_ = true;
     Node& n = add(Opcode::kGemv, int(gemv::num_tiles(g)), si, what, plan.smem);
     n.ins.params.gemv = {g, plan.matrices};
-    for (int m = 0; m < plan.matrices; ++m) n.info.weights.push_back(bytes_of(g.mat[m], std::size_t(g.n) * g.row_bytes, false));
     n.info.accesses.push_back(rows_of(g.x, g.batch, g.x_stride, std::int64_t(g.k_blocks) * 256, false));
     for (int m = 0; m < 2; ++m)
       if (g.out[m]) n.info.accesses.push_back(rows_of(g.out[m], g.batch, g.out_stride, g.n, true));
@@ -216,8 +212,6 @@ class Lowering {
                   bytes_of(k.y, std::size_t(k.batch) * k.num_heads * k.head_dim * 4, true),
                   bytes_of(k.conv_state, conv, true, k.state_settled), bytes_of(k.recurrent_state, state, true, k.state_settled)};
     if (k.error_flag) n.info.accesses.push_back(bytes_of(k.error_flag, 4, false));
-    const std::size_t gate_rows = std::size_t(k.num_heads) * k.head_dim * k.gate_rank;  // (K = V)
-    n.info.weights = {bytes_of(k.f_b_weight, gate_rows * 2, false), bytes_of(k.g_b_weight, gate_rows * 2, false)};
     return {};
   }
 
@@ -225,10 +219,6 @@ class Lowering {
   static Access read(Access a, bool early = false) {
     a.write = false, a.early = early;
     return a;
-  }
-
-  static Access kv_b_of(const __nv_bfloat16* kv_b, int num_heads) {
-    return bytes_of(kv_b, std::size_t(num_heads) * ops::kMlaKvbRowsPerHead * ops::kMlaLatentDim * 2, false);
   }
 
   static Access cache_of(const ops::MlaPagedCache& c, bool write) {
@@ -283,8 +273,6 @@ class Lowering {
     Node& g = add(Opcode::kRouterGemv, moe::router_gemv_tiles(plan.gemv), si, "moe.router", 0);
     g.ins.params.router_gemv = plan.gemv;
     g.info.accesses = {h, ws};
-    g.info.weights = {bytes_of(static_cast<const char*>(plan.gemv.weight),
-                               std::size_t(plan.gemv.num_experts) * plan.gemv.hidden_blocks * 256 * (plan.gemv.weight_bf16 ? 2 : 4), false)};
     Node& t = add(Opcode::kRouterTopk, moe::router_topk_tiles(r.batch), si, "moe.topk", plan.topk_smem);
     t.ins.params.router_topk = {plan.topk, plan.topk_lane_width};
     t.info.accesses = {read(ws)};
@@ -393,39 +381,6 @@ class Lowering {
       start = int((start + std::int64_t(ins.h.tiles)) % out_.grid);
     }
     return {};
-  }
-
-  // The L2 lookahead (lower.h): each MoE gate/up instruction gets the weights of the instructions
-  // after its layer's down, in order, up to the budget, stopping at the next gate/up; a tensor two
-  // instructions read is taken once. Ranges are widened to 16-byte bounds (the bulk prefetch's
-  // granule); a range cut by the budget keeps its start.
-  void plan_lookahead() {
-    const std::size_t budget = target_.l2_lookahead_bytes / 16 * 16;
-    const int n = int(nodes_.size());
-    for (int i = 0; i < n && budget > 0; ++i) {
-      if (nodes_[i].ins.h.op != Opcode::kMoeGateUp) continue;
-      int j = i + 1;
-      while (j < n && nodes_[j].ins.h.op != Opcode::kMoeDown) ++j;
-      Instruction& ins = nodes_[i].ins;
-      const int first = int(out_.prefetch.size());
-      ins.prefetch_first = first;
-      std::size_t left = budget;
-      auto taken = [&](std::uintptr_t begin, std::uintptr_t end) {  // (two instructions may read one tensor)
-        for (std::size_t r = std::size_t(first); r < out_.prefetch.size(); ++r)
-          if (begin < out_.prefetch[r].begin + out_.prefetch[r].bytes && out_.prefetch[r].begin < end) return true;
-        return false;
-      };
-      for (++j; j < n && left > 0 && nodes_[j].ins.h.op != Opcode::kMoeGateUp; ++j)
-        for (const Access& w : nodes_[j].info.weights) {
-          const std::uintptr_t begin = w.begin / 16 * 16, end = std::min<std::uintptr_t>((w.end + 15) / 16 * 16, begin + left);
-          if (w.begin >= w.end || end <= begin || taken(begin, (w.end + 15) / 16 * 16)) continue;
-          out_.prefetch.push_back({begin, end - begin});
-          ins.prefetch_bytes += std::int64_t(end - begin);
-          left -= end - begin;
-          if (left == 0) break;
-        }
-      ins.prefetch_count = int(out_.prefetch.size()) - ins.prefetch_first;
-    }
   }
 
   static constexpr int kMaxInstructions = 1024;  // (>= kMaxProgram)

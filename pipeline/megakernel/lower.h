@@ -15,11 +15,6 @@
 //     Deliberate exceptions, as in the graph path: split-KV's prologue copies settled cache pages
 //     (every page but the one kv_append writes) before its wait, and the error flags' sticky OR
 //     updates are not ordered (a flagged step's outputs are void).
-//   * L2 lookahead (Target::l2_lookahead_bytes): while a MoE layer's routing is computed (the
-//     router's GEMV and the top-k: microseconds in which no weights stream), every gate/up lane
-//     waits for it. Those lanes then pull into L2 the weights of the instructions that follow the
-//     layer's experts, in program order, up to the budget and never past the next layer's experts,
-//     so those bodies read them from L2. Prefetches change no result.
 //   * Tensor maps are requested, not encoded: the caller encodes them into the table whose device
 //     address it passed.
 #pragma once
@@ -43,7 +38,6 @@ struct Target {
   int sms = 0;                     // the device's SM count: the GEMV plans (the graph path's)
   std::size_t smem_per_block = 0;  // opt-in dynamic shared memory per block
   int blocks_per_sm = 1;           // resident blocks per SM: the grid is sms * blocks_per_sm
-  std::size_t l2_lookahead_bytes = 0;  // per MoE layer: the weights after it pulled into L2 (0: none)
 };
 
 // Maps an instruction needs, encoded by the caller into table slots [slot, slot + count).
@@ -65,7 +59,6 @@ struct InstructionInfo {
   int layer = -1;
   std::size_t smem = 0;
   std::vector<Access> accesses;  // what the dependencies were derived from
-  std::vector<Access> weights;   // the settled weights it reads (what an L2 lookahead may pull)
 };
 
 struct Program {
@@ -78,7 +71,6 @@ struct Program {
   std::size_t smem = 0;  // dynamic shared memory: the program's slots and schedule + the most any body needs
   // Per block, the instructions it has a tile of: [grid][count + 1], row = {length, indices...}.
   std::vector<std::uint16_t> schedule;
-  std::vector<PrefetchRange> prefetch;  // the instructions' L2 lookahead ranges (Instruction::prefetch_*)
 };
 
 // Slots the map table needs at most for `stages`.

@@ -23,14 +23,13 @@ using megakernel::WaitReport;
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
-// The megakernel's one device allocation: program | schedule | L2 lookahead ranges | map table |
-// step counters, one counter per instruction | wait reports | trace.
+// The megakernel's one device allocation: program | schedule | map table | step counters, one
+// counter per instruction | wait reports | trace.
 struct DeviceLayout {
-  std::size_t schedule = 0, prefetch = 0, maps = 0, counters = 0, counters_bytes = 0, report = 0, trace = 0, total = 0;
-  DeviceLayout(int instructions, int prefetch_ranges, int map_slots, int grid, int trace_entries) {
+  std::size_t schedule = 0, maps = 0, counters = 0, counters_bytes = 0, report = 0, trace = 0, total = 0;
+  DeviceLayout(int instructions, int map_slots, int grid, int trace_entries) {
     schedule = round_up(std::size_t(instructions) * sizeof(Instruction), 128);
-    prefetch = round_up(schedule + std::size_t(grid) * (instructions + 1) * sizeof(std::uint16_t), 128);
-    maps = round_up(prefetch + std::size_t(prefetch_ranges) * sizeof(megakernel::PrefetchRange), 128);
+    maps = round_up(schedule + std::size_t(grid) * (instructions + 1) * sizeof(std::uint16_t), 128);
     counters = round_up(maps + std::size_t(map_slots) * sizeof(CUtensorMap), 128);
     counters_bytes = (std::size_t(instructions) + 1) * megakernel::kCounterStride * sizeof(std::uint32_t);  // step line, then one per instruction
     report = round_up(counters + counters_bytes, 128);
@@ -55,14 +54,13 @@ Status Megakernel::build(Pipeline& pipeline, Megakernel& out, const MegakernelOp
   ENCORE_REQUIRE(options.blocks_per_sm == 1 || options.blocks_per_sm == 2, StatusCode::kInvalidArgument,
                  "Megakernel::build: blocks_per_sm must be 1 or 2 (got ", options.blocks_per_sm, ")");
   const megakernel::Target target{detail::sm_count(), std::size_t(detail::max_shared_memory_per_block(options.blocks_per_sm)),
-                                  options.blocks_per_sm, options.l2_lookahead_bytes};
+                                  options.blocks_per_sm};
 
   // Lowered twice: first to size the device allocation, then with the map table's real address.
   megakernel::Program program;
   ENCORE_RETURN_IF_ERROR(megakernel::lower(stages, target, nullptr, &program));
   const int traced = options.trace ? int(program.instructions.size()) * program.grid : 0;
-  const DeviceLayout layout(int(program.instructions.size()), int(program.prefetch.size()), megakernel::map_slots_bound(stages),
-                            program.grid, traced);
+  const DeviceLayout layout(int(program.instructions.size()), megakernel::map_slots_bound(stages), program.grid, traced);
   void* device = nullptr;
   ENCORE_CUDA_TRY(cudaMalloc(&device, layout.total));
   Megakernel mk;
@@ -86,9 +84,6 @@ Status Megakernel::build(Pipeline& pipeline, Megakernel& out, const MegakernelOp
                              cudaMemcpyHostToDevice));
   ENCORE_CUDA_TRY(cudaMemcpy(base + layout.schedule, program.schedule.data(), program.schedule.size() * sizeof(std::uint16_t),
                              cudaMemcpyHostToDevice));
-  if (!program.prefetch.empty())
-    ENCORE_CUDA_TRY(cudaMemcpy(base + layout.prefetch, program.prefetch.data(), program.prefetch.size() * sizeof(program.prefetch[0]),
-                               cudaMemcpyHostToDevice));
   if (!maps.empty())
     ENCORE_CUDA_TRY(cudaMemcpy(base + layout.maps, maps.data(), maps.size() * sizeof(CUtensorMap), cudaMemcpyHostToDevice));
   ENCORE_CUDA_TRY(cudaMemset(base + layout.counters, 0, layout.total - layout.counters));
@@ -117,14 +112,12 @@ Status Megakernel::build(Pipeline& pipeline, Megakernel& out, const MegakernelOp
   mk.counters_offset_ = layout.counters, mk.counters_bytes_ = layout.trace - layout.counters, mk.report_offset_ = layout.report;
   mk.trace_offset_ = traced ? layout.trace : 0;
   mk.schedule_offset_ = layout.schedule;
-  mk.prefetch_offset_ = layout.prefetch;
   mk.timeout_ns_ = std::uint64_t(options.wait_timeout_ms) * 1000000ull;
   mk.stress_seed_ = options.stress ? (options.stress_seed ? options.stress_seed : 1u) : 0u;
   mk.copies_inputs_ = options.copy_staged_inputs;
   for (int i = 0; i < count; ++i) {
     const Instruction& ins = program.instructions[i];
-    MegakernelInstruction info{program.info[i].name, program.info[i].stage, ins.h.tiles, program.info[i].smem, {}, {},
-                               std::size_t(ins.prefetch_bytes)};
+    MegakernelInstruction info{program.info[i].name, program.info[i].stage, ins.h.tiles, program.info[i].smem, {}, {}};
     for (int d = 0; d < ins.h.early_deps + ins.h.late_deps; ++d)
       (d < ins.h.early_deps ? info.prologue_producers : info.producers).push_back(ins.deps[d].instruction);
     mk.program_.push_back(std::move(info));
@@ -141,7 +134,6 @@ Status Megakernel::launch(cudaStream_t stream) const {
   args.program = reinterpret_cast<const Instruction*>(base);  // (the program opens the allocation)
   args.count = count_;
   args.schedule = reinterpret_cast<const std::uint16_t*>(base + schedule_offset_);
-  args.prefetch = reinterpret_cast<const megakernel::PrefetchRange*>(base + prefetch_offset_);
   args.step = reinterpret_cast<std::uint32_t*>(base + counters_offset_);
   args.done = args.step + megakernel::kCounterStride;
   args.report = reinterpret_cast<WaitReport*>(base + report_offset_);

@@ -102,21 +102,9 @@ struct alignas(16) Header {
 };
 static_assert(sizeof(Header) == 16);
 
-// Bytes of weights (settled for the whole step) that an instruction's lanes pull into L2 ahead of
-// the later instructions that read them (MegakernelOptions::l2_lookahead_bytes). 16-byte aligned.
-struct PrefetchRange {
-  std::uint64_t begin;
-  std::uint64_t bytes;
-};
-
 struct alignas(16) Instruction {
   Header h;
   Dep deps[kMaxDeps] = {};
-  // Its L2 lookahead: ranges [prefetch_first, prefetch_first + prefetch_count) of the program's
-  // prefetch table, prefetch_bytes in all, split evenly over its lanes.
-  std::int32_t prefetch_first = 0;
-  std::int32_t prefetch_count = 0;
-  std::int64_t prefetch_bytes = 0;
   OpParams params;
 };
 
@@ -169,7 +157,6 @@ struct KernelArgs {
   std::uint64_t wait_timeout_ns;  // 0: unbounded
   std::uint32_t stress_seed;      // nonzero: permuted lanes and random producer delays
   TraceEntry* trace;              // [count][grid], or null
-  const PrefetchRange* prefetch;  // the instructions' L2 lookahead ranges
 };
 
 }  // namespace encore::pipeline::megakernel

@@ -99,7 +99,6 @@ struct TinyCase {
   bool rope;
   int batch;
   bool stress;
-  std::size_t l2_lookahead_bytes = 0;  // MegakernelOptions::l2_lookahead_bytes
 };
 
 class MegakernelTiny : public ::testing::TestWithParam<TinyCase> {
@@ -128,13 +127,9 @@ TEST_P(MegakernelTiny, MatchesTheGraphBitForBit) {
   MegakernelOptions options;
   options.stress = GetParam().stress;
   options.stress_seed = std::uint32_t(seed) | 1u;
-  options.l2_lookahead_bytes = GetParam().l2_lookahead_bytes;
   Megakernel mk;
   ENCORE_OK(Megakernel::build(*p, mk, options));
   EXPECT_EQ(mk.grid(), test::sm_count());
-  std::size_t pulled = 0;
-  for (const MegakernelInstruction& i : mk.program()) pulled += i.l2_lookahead_bytes;
-  EXPECT_EQ(pulled > 0, GetParam().l2_lookahead_bytes > 0);
   const int steps = int(test::env_int("ENCORE_MEGAKERNEL_STEPS", 64));
   expect_paths_agree(*p, graph, mk, StepPlan{p->batch(), 4, 4}, steps, stream);
   ENCORE_OK(mk.read_status(stream));
@@ -143,11 +138,10 @@ TEST_P(MegakernelTiny, MatchesTheGraphBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Tiny, MegakernelTiny,
                          ::testing::Values(TinyCase{false, 3, false}, TinyCase{true, 3, false}, TinyCase{false, 1, false},
                                            TinyCase{true, 1, false}, TinyCase{false, 3, true}, TinyCase{true, 3, true},
-                                           TinyCase{true, 1, true}, TinyCase{true, 3, false, 1 << 20},
-                                           TinyCase{true, 1, true, 64 << 10}),
+                                           TinyCase{true, 1, true}),
                          [](const auto& info) {
                            return std::string(info.param.rope ? "RopeQLora" : "Nope") + "_B" + std::to_string(info.param.batch) +
-                                  (info.param.stress ? "_Stress" : "") + (info.param.l2_lookahead_bytes ? "_L2Lookahead" : "");
+                                  (info.param.stress ? "_Stress" : "");
                          });
 
 // Two blocks per SM (MegakernelOptions::blocks_per_sm = 2: twice the lanes, bodies capped at 128
@@ -221,8 +215,8 @@ TEST(MegakernelTinyWide, MatchesTheGraphBitForBit) {
   CUDA_OK(cudaStreamDestroy(stream));
 }
 
-// The Kimi-Linear preset (random weights of the real shapes, ~28 GB) at batch 1 (also with a 24 MB
-// L2 lookahead), 16 and 64, and at 16 on the fp16 GEMV core.
+// The Kimi-Linear preset (random weights of the real shapes, ~28 GB) at batch 1, 16 and 64, and at
+// 16 on the fp16 GEMV core.
 TEST(MegakernelKimi, MatchesTheGraphBitForBit) {
   ENCORE_REQUIRE_GPU();
   BufferOptions o;
@@ -237,21 +231,17 @@ TEST(MegakernelKimi, MatchesTheGraphBitForBit) {
   struct Point {
     int batch;
     ops::GemvCore core;
-    std::size_t l2_lookahead_bytes = 0;
   };
-  for (const Point& at : {Point{1, ops::GemvCore::kAuto}, Point{1, ops::GemvCore::kAuto, std::size_t(24) << 20},
-                          Point{16, ops::GemvCore::kAuto}, Point{64, ops::GemvCore::kAuto}, Point{16, ops::GemvCore::kMmaF16}}) {
+  for (const Point& at : {Point{1, ops::GemvCore::kAuto}, Point{16, ops::GemvCore::kAuto}, Point{64, ops::GemvCore::kAuto},
+                          Point{16, ops::GemvCore::kMmaF16}}) {
     const int batch = at.batch;
-    SCOPED_TRACE(std::to_string(batch) + (at.core == ops::GemvCore::kMmaF16 ? " rows, fp16 GEMV core" : " rows") +
-                 (at.l2_lookahead_bytes ? ", L2 lookahead" : ""));
+    SCOPED_TRACE(std::to_string(batch) + (at.core == ops::GemvCore::kMmaF16 ? " rows, fp16 GEMV core" : " rows"));
     ENCORE_OK(p->set_batch(batch));
     ENCORE_OK(p->set_gemv_core(at.core));
     DecodeGraph graph;
     ENCORE_OK(DecodeGraph::capture(*p, stream, graph));
     Megakernel mk;
-    MegakernelOptions options;
-    options.l2_lookahead_bytes = at.l2_lookahead_bytes;
-    ENCORE_OK(Megakernel::build(*p, mk, options));
+    ENCORE_OK(Megakernel::build(*p, mk));
     expect_paths_agree(*p, graph, mk, StepPlan{batch, 64, 10}, int(test::env_int("ENCORE_MEGAKERNEL_STEPS", 64)), stream);
     ENCORE_OK(mk.read_status(stream));
   }

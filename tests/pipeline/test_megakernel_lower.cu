@@ -295,54 +295,5 @@ TEST(MegakernelLower, TwoBlocksPerSm) {
   EXPECT_NE(b4.message().find("dense.down"), std::string::npos) << b4.message();
 }
 
-// L2 lookahead (Target::l2_lookahead_bytes): only the MoE gate/up instructions carry ranges; each
-// range is 16-byte aligned and lies inside the weights of an instruction between the layer's down
-// and the next gate/up (a tensor two of them read, once); each gate/up pulls min(budget, those
-// weights) bytes, in program order from the first of them; none at budget 0.
-TEST(MegakernelLower, L2LookaheadPullsTheNextLayersWeights) {
-  const std::vector<Stage> stages = stages_of(ModelConfig::kimi_linear_48b(), 1, 16);
-  EXPECT_TRUE(lowered(stages).prefetch.empty());
-  for (std::size_t budget : {std::size_t(24) << 20, std::size_t(1000) << 20}) {
-    SCOPED_TRACE(budget);
-    Target target = kH200;
-    target.l2_lookahead_bytes = budget;
-    const Program p = lowered(stages, target);
-    const int n = int(p.instructions.size());
-    int carriers = 0;
-    for (int i = 0; i < n; ++i) {
-      const Instruction& ins = p.instructions[i];
-      if (ins.h.op != Opcode::kMoeGateUp) {
-        EXPECT_EQ(ins.prefetch_count, 0) << p.info[i].name;
-        continue;
-      }
-      int j = i + 1;
-      while (p.instructions[j].h.op != Opcode::kMoeDown) ++j;
-      std::vector<Access> ahead;  // the weights after the layer's down, up to the next gate/up
-      for (++j; j < n && p.instructions[j].h.op != Opcode::kMoeGateUp; ++j)
-        for (const Access& w : p.info[j].weights)  // a tensor read twice (MLA's kv_b) counts once
-          if (std::none_of(ahead.begin(), ahead.end(), [&](const Access& a) { return a.begin < w.end && w.begin < a.end; }))
-            ahead.push_back(w);
-      std::size_t available = 0;
-      for (const Access& w : ahead) available += (w.end + 15) / 16 * 16 - w.begin / 16 * 16;
-      EXPECT_EQ(std::size_t(ins.prefetch_bytes), std::min(budget, available)) << p.info[i].name;
-      std::size_t sum = 0;
-      for (int r = 0; r < ins.prefetch_count; ++r) {
-        const PrefetchRange& range = p.prefetch[std::size_t(ins.prefetch_first + r)];
-        EXPECT_EQ(range.begin % 16, 0u);
-        EXPECT_EQ(range.bytes % 16, 0u);
-        EXPECT_GT(range.bytes, 0u);
-        sum += range.bytes;
-        ASSERT_LT(std::size_t(r), ahead.size());
-        EXPECT_EQ(range.begin, ahead[r].begin / 16 * 16) << p.info[i].name << " range " << r;  // in order, each from its start
-        EXPECT_LE(range.begin + range.bytes, (ahead[r].end + 15) / 16 * 16) << p.info[i].name << " range " << r;
-      }
-      EXPECT_EQ(sum, std::size_t(ins.prefetch_bytes));
-      carriers += ins.prefetch_count > 0;
-    }
-    // Every MoE layer but the last has projections after it; the last one has the head's.
-    EXPECT_EQ(carriers, ModelConfig::kimi_linear_48b().count(Mlp::kMoe));
-  }
-}
-
 }  // namespace
 }  // namespace encore::pipeline::megakernel

@@ -49,11 +49,6 @@ struct MegakernelOptions {
   // with kUnsupported, naming the instruction, when a body needs more shared memory: today the
   // MLA split-KV body, so only models without MLA layers run at 2. The results are the same bits.
   int blocks_per_sm = 1;
-  // L2 lookahead: while each MoE layer's routing is computed (the router and its top-k, during
-  // which no weights stream), the blocks waiting for it pull up to this many bytes of the weights
-  // that follow (the next layer's projections, gates and router) into L2. 0: off. The results are
-  // the same bits either way.
-  std::size_t l2_lookahead_bytes = 0;
 };
 
 // One instruction of the program, for inspection (tests, traces).
@@ -63,7 +58,6 @@ struct MegakernelInstruction {
   int tiles = 0;
   std::size_t smem = 0;  // the dynamic shared memory its body needs
   std::vector<int> prologue_producers, producers;  // instruction indices
-  std::size_t l2_lookahead_bytes = 0;  // weights its lanes pull into L2 for later instructions
 };
 
 // Where one instruction's time went in the last traced launch (us from the launch's first block
@@ -120,7 +114,6 @@ class Megakernel final : public DecodeStep {
   int grid_ = 0, tokens_ = 1, count_ = 0, batch_ = 0;
   std::size_t smem_ = 0;
   std::size_t counters_offset_ = 0, counters_bytes_ = 0, report_offset_ = 0, trace_offset_ = 0, schedule_offset_ = 0;
-  std::size_t prefetch_offset_ = 0;
   std::uint64_t timeout_ns_ = 0;
   std::uint32_t stress_seed_ = 0;
   bool copies_inputs_ = true;
