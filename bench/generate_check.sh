@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Generation from GGUF files written on the GPU machine (model files do not travel to it), in one
 # call: 1. a full-width model of three layers (KDA dense, KDA MoE, MLA MoE) fed the fp64
-# reference's 16 tokens as a prompt, its logits on both paths against the reference; 2. the whole Kimi-Linear preset (28 GB): load time and tokens/s on both
-# paths. The files go to /tmp and are deleted. Usage, from the repository root with `build/` built:
+# reference's 16 tokens as a prompt, its logits on both paths against the reference; 2. the whole
+# Kimi-Linear preset (28 GB): load time and tokens/s on both paths. The files go to /tmp and are
+# deleted. Usage, from the repository root with `build/` built:
 #   bash bench/generate_check.sh [OUT_DIR]
 set -uo pipefail
 out=${1:-${OUT:-out}}
