@@ -20,6 +20,9 @@ namespace {
 struct Node {
   Instruction ins;
   InstructionInfo info;  // info.accesses: what the dependencies are derived from
+  // >= 0: lane 0 goes this many blocks after the previous instruction's lane 0, instead of after
+  // its last lane (the MoE down lines up its light lanes with gate/up's heavy ones).
+  int lane0_after_previous = -1;
 };
 
 template <class T>
@@ -287,8 +290,13 @@ class Lowering {
   Status experts(int si) {
     const ops::MoeExpertsParams& m = stages_[si].params.moe_experts;
     const bool in_block = m.batch <= moe::kTokensPerPass;
-    moe::ExpertsPlan plan;
-    if (Status s = moe::plan_experts_for_grid(m, out_.grid, body_smem(), in_block, &plan); !s.ok())
+    // A top-k of one tile just before: its block would reach gate/up last, its prologue then on the
+    // critical path, so gate/up leaves it out (the lanes rotate: it is the last lane's block).
+    const bool skip_topk_block = in_block && out_.grid > 1 && !nodes_.empty() && nodes_.back().ins.h.op == Opcode::kRouterTopk &&
+                                 nodes_.back().ins.h.tiles == 1;
+    const int gate_up_blocks = out_.grid - (skip_topk_block ? 1 : 0);
+    moe::ExpertsPlan plan;  // planned for the fewer blocks: down's shape then holds its lanes' items too
+    if (Status s = moe::plan_experts_for_grid(m, gate_up_blocks, body_smem(), in_block, &plan); !s.ok())
       return Status(s.code(), detail::concat(layer_name(stages_[si].layer, "moe.gate_up"), ": ", s.message()));
     moe::ExpertsTileParams e = plan.params;
     e.h_settled = in_block;
@@ -314,7 +322,7 @@ class Lowering {
       l.info.accesses = {ids, weights, list, chunks, flag};
     }
     const int passes = moe::max_passes(m.batch, m.num_experts, m.num_shared, m.top_k, e.tokens_per_pass);
-    const int gate_up_lanes = std::min(out_.grid, passes * moe::gate_up_row_groups(m.inter));
+    const int gate_up_lanes = std::min(gate_up_blocks, passes * moe::gate_up_row_groups(m.inter));
     const int down_lanes = std::min(out_.grid, passes * moe::down_row_chunks(m.hidden));
     const int slot = take_map_slots(4, [m, plan](CUtensorMap* maps) {
       return moe::encode_experts_maps(m, plan, reinterpret_cast<moe::StreamMaps*>(maps), reinterpret_cast<moe::StreamMaps*>(maps + 2));
@@ -328,6 +336,12 @@ class Lowering {
       g.info.accesses = {read(list), read(act_in), act_mid};
     Node& d = add(Opcode::kMoeDown, down_lanes, si, "moe.down", plan.down_smem);
     d.ins.params.moe_stream = {e, plan.down, maps + 1};
+    // A lane takes items lane, lane + lanes, ...: the low lanes get one more (counted at the most
+    // passes, the batch-1 count). gate/up's are the last blocks to reach down (which waits for all
+    // of gate/up) and start its ring late, so they take down's highest lanes, the light ones.
+    const int heavy_gate_up = passes * moe::gate_up_row_groups(m.inter) % gate_up_lanes;
+    const int heavy_down = passes * moe::down_row_chunks(m.hidden) % down_lanes;
+    if (down_lanes == out_.grid && heavy_gate_up > 0 && heavy_down > 0) d.lane0_after_previous = heavy_gate_up;
     if (in_block)  // its list, from the routing, before its ring starts
       d.info.accesses = {read(ids, true), read(weights, true), read(act_mid), y, chunks, x_rows, x_out};
     else
@@ -337,12 +351,12 @@ class Lowering {
 
   // Dependencies from conflicting accesses, reduced to those no other one implies; then each
   // instruction's first lane goes to the block after the previous instruction's last, so that
-  // small instructions in a row land on different blocks.
+  // small instructions in a row land on different blocks (or where its node says).
   Status link() {
     const int n = int(nodes_.size());
     ENCORE_REQUIRE(n <= kMaxProgram, StatusCode::kUnsupported, "megakernel: ", n, " instructions exceed ", kMaxProgram);
     std::vector<std::bitset<kMaxInstructions>> ancestors(n);
-    int start = 0;
+    int start = 0, previous_start = 0;
     for (int j = 0; j < n; ++j) {
       std::vector<int> early, late;
       for (int i = 0; i < j; ++i) {
@@ -377,7 +391,9 @@ class Lowering {
       ins.h.early_deps = std::int16_t(kept_early.size());
       ins.h.late_deps = std::int16_t(kept_late.size());
       ENCORE_REQUIRE(ins.h.tiles >= 1, StatusCode::kInvalidArgument, "megakernel: ", nodes_[j].info.name, " has no tiles");
+      if (nodes_[j].lane0_after_previous >= 0) start = (previous_start + nodes_[j].lane0_after_previous) % out_.grid;
       ins.h.lane_offset = (out_.grid - start) % out_.grid;
+      previous_start = start;
       start = int((start + std::int64_t(ins.h.tiles)) % out_.grid);
     }
     return {};

@@ -220,6 +220,51 @@ TEST(MegakernelLower, ProloguesWaitOnlyForSettledData) {
   }
 }
 
+// Up to 8 tokens the top-k is one block, which reaches gate/up only once the routing is out; every
+// other block waits there for it. So gate/up leaves that block out and hands its items to the
+// others: all of them still run (the lanes stride by the lane count), and down takes every block,
+// its light lanes on the blocks with gate/up's heavy ones.
+TEST(MegakernelLower, TheTopkBlockSkipsGateUp) {
+  for (int batch : {1, 8}) {
+    SCOPED_TRACE(batch);
+    const Program p = lowered(stages_of(ModelConfig::kimi_linear_48b(), batch, 16));
+    const int count = int(p.instructions.size());
+    auto block_of_lane = [&](int i, int lane) { return ((lane - p.instructions[i].h.lane_offset) % p.grid + p.grid) % p.grid; };
+    auto runs = [&](int b, int i) {
+      const std::uint16_t* row = p.schedule.data() + std::size_t(b) * (count + 1);
+      return std::find(row + 1, row + 1 + row[0], std::uint16_t(i)) != row + 1 + row[0];
+    };
+    int layers = 0;
+    for (int i = 1; i + 1 < count; ++i) {
+      if (p.instructions[i].h.op != Opcode::kMoeGateUp) continue;
+      ++layers;
+      ASSERT_EQ(p.instructions[i - 1].h.op, Opcode::kRouterTopk) << p.info[i].name;
+      ASSERT_EQ(p.instructions[i - 1].h.tiles, 1);
+      const int topk_block = block_of_lane(i - 1, 0);
+      EXPECT_EQ(p.instructions[i].h.tiles, p.grid - 1) << p.info[i].name;
+      EXPECT_FALSE(runs(topk_block, i)) << p.info[i].name;
+      ASSERT_EQ(p.instructions[i + 1].h.op, Opcode::kMoeDown);
+      EXPECT_EQ(p.instructions[i + 1].h.tiles, p.grid) << p.info[i + 1].name;
+      EXPECT_TRUE(runs(topk_block, i + 1)) << p.info[i + 1].name;
+      // Each lane's share of the most items a layer can have fits the planned item table.
+      const ExpertsOp& op = p.instructions[i].params.moe_stream;
+      const int items = moe::max_passes(op.p.batch, op.p.num_experts, op.p.num_shared, op.p.top_k, op.p.tokens_per_pass) *
+                        moe::gate_up_row_groups(op.p.inter);
+      EXPECT_LE((items + p.grid - 2) / (p.grid - 1), op.shape.max_items) << p.info[i].name;
+      // gate/up's heavy lanes (one item more; the last to reach down) take down's highest lanes,
+      // which at batch 1 (9 passes: 288 and 324 items) all have one item fewer.
+      const int down_items = items / moe::gate_up_row_groups(op.p.inter) * moe::down_row_chunks(op.p.hidden);
+      const int heavy_gate_up = items % (p.grid - 1), heavy_down = down_items % p.grid;
+      for (int lane = 0; lane < heavy_gate_up; ++lane) {
+        const int down_lane = (block_of_lane(i, lane) + p.instructions[i + 1].h.lane_offset) % p.grid;
+        EXPECT_GE(down_lane, p.grid - heavy_gate_up) << p.info[i + 1].name << ": gate/up lane " << lane;
+        if (batch == 1) EXPECT_GE(down_lane, heavy_down) << p.info[i + 1].name << ": gate/up lane " << lane;
+      }
+    }
+    EXPECT_EQ(layers, ModelConfig::kimi_linear_48b().count(Mlp::kMoe));
+  }
+}
+
 TEST(MegakernelLower, RejectsWhatTheTargetCannotHold) {
   const std::vector<Stage> stages = stages_of(ModelConfig::tiny(), 3, 3);
   Program p;
