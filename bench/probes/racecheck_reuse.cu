@@ -1,0 +1,126 @@
+// Does compute-sanitizer racecheck follow shared memory handed from one body to the next, the way
+// the megakernel hands it over? A "body" gives every warp a ring of `slots` buffers behind
+// mbarriers at the start of shared memory, streams `pieces` pieces through it with bulk copies
+// (lanes copy rows), waits for and reads each piece, and invalidates its barriers at the end.
+// Between two bodies every thread fences the async proxy and the block synchronises. Every copy
+// has completed and been waited for before the barrier, so no access races.
+//   encore_racecheck_probe reuse     body B re-initialises barriers and copies over body A's bytes
+//   encore_racecheck_probe alone     body A only
+//   encore_racecheck_probe disjoint  body B on bytes of its own
+// Run each under `compute-sanitizer --tool racecheck` (bench/notes/2026-12-05-evening-session.md).
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+
+#include <cuda_runtime.h>
+
+namespace {
+
+__device__ __forceinline__ std::uint32_t smem_at(const void* p) { return std::uint32_t(__cvta_generic_to_shared(p)); }
+
+__device__ void barrier_init(std::uint64_t* b) { asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_at(b)) : "memory"); }
+__device__ void barrier_expect(std::uint64_t* b, std::uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_at(b)), "r"(bytes) : "memory");
+}
+__device__ void barrier_wait(std::uint64_t* b, std::uint32_t parity) {
+  std::uint32_t done = 0;
+  do {
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done)
+                 : "r"(smem_at(b)), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+__device__ void barrier_inval(std::uint64_t* b) { asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_at(b)) : "memory"); }
+__device__ void bulk_copy(void* dst, const void* src, std::uint32_t bytes, std::uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_at(dst)), "l"(src),
+               "r"(bytes), "r"(smem_at(bar))
+               : "memory");
+}
+
+constexpr int kRowBytes = 128;
+extern __shared__ __align__(1024) char smem[];
+
+struct Body {
+  int slots, rows, pieces;
+  int bar_offset, ring_offset;  // bytes into the block's shared memory
+  int rotate;                   // row r of a buffer is copied by lane (r + rotate) % rows: other lanes than body A's
+};
+
+__device__ float run_body(const char* src, const Body& b) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(smem + b.bar_offset) + warp * b.slots;
+  char* ring = smem + b.ring_offset + warp * b.slots * b.rows * kRowBytes;
+  if (lane == 0) {
+    for (int i = 0; i < b.slots; ++i) barrier_init(&bars[i]);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncwarp();
+  int issued = 0;
+  auto fill = [&]() {
+    if (issued >= b.pieces) return;
+    const int slot = issued % b.slots;
+    if (lane == 0) barrier_expect(&bars[slot], b.rows * kRowBytes);
+    for (int r = lane; r < b.rows; r += 32)
+      bulk_copy(ring + (slot * b.rows + (r + b.rotate) % b.rows) * kRowBytes, src + (issued * b.rows + r) % 256 * kRowBytes, kRowBytes,
+                &bars[slot]);
+    ++issued;
+  };
+  for (int i = 0; i < b.slots; ++i) fill();
+  float sum = 0.f;
+  for (int k = 0; k < b.pieces; ++k) {
+    const int slot = k % b.slots;
+    barrier_wait(&bars[slot], (k / b.slots) & 1);
+    sum += reinterpret_cast<const float*>(ring + slot * b.rows * kRowBytes)[lane * 7 % (b.rows * kRowBytes / 4)];
+    __syncwarp();  // every lane is done with the buffer before it is refilled
+    fill();
+  }
+  __syncwarp();
+  if (lane == 0)
+    for (int i = 0; i < b.slots; ++i) barrier_inval(&bars[i]);
+  return sum;
+}
+
+__device__ void between_bodies() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+}
+
+enum Mode { kReuse, kAlone, kDisjoint };
+constexpr int kSmemBytes = 64 * 1024;
+
+__global__ void probe_kernel(const char* src, float* out, Mode mode) {
+  float sum = run_body(src, Body{3, 8, 7, 0, 1024, 0});  // ring: 1 KB .. 25 KB
+  between_bodies();
+  if (mode == kReuse) sum += run_body(src, Body{5, 4, 9, 0, 1024, 1});
+  if (mode == kDisjoint) sum += run_body(src, Body{5, 4, 9, 512, 32 * 1024, 1});  // ring: 32 KB .. 52 KB
+  between_bodies();
+  out[blockIdx.x * blockDim.x + threadIdx.x] = sum;
+}
+
+bool ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) std::fprintf(stderr, "racecheck_reuse: %s: %s\n", what, cudaGetErrorString(e));
+  return e == cudaSuccess;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* name = argc > 1 ? argv[1] : "reuse";
+  const Mode mode = std::strcmp(name, "alone") == 0 ? kAlone : std::strcmp(name, "disjoint") == 0 ? kDisjoint : kReuse;
+  if (argc > 1 && mode == kReuse && std::strcmp(name, "reuse") != 0) {
+    std::fprintf(stderr, "usage: encore_racecheck_probe [reuse|alone|disjoint]\n");
+    return 2;
+  }
+  constexpr int kBlocks = 4, kThreads = 256;
+  char* src = nullptr;
+  float* out = nullptr;
+  if (!ok(cudaMalloc(&src, 256 * kRowBytes), "cudaMalloc") || !ok(cudaMemset(src, 1, 256 * kRowBytes), "cudaMemset") ||
+      !ok(cudaMalloc(&out, kBlocks * kThreads * sizeof(float)), "cudaMalloc") ||
+      !ok(cudaFuncSetAttribute(probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes), "cudaFuncSetAttribute"))
+    return 1;
+  probe_kernel<<<kBlocks, kThreads, kSmemBytes>>>(src, out, mode);
+  if (!ok(cudaGetLastError(), "launch") || !ok(cudaDeviceSynchronize(), "kernel")) return 1;
+  std::printf("racecheck_reuse %s: ran\n", name);
+  return ok(cudaFree(src), "cudaFree") && ok(cudaFree(out), "cudaFree") ? 0 : 1;
+}
