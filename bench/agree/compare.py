@@ -7,6 +7,7 @@ the argmax agrees on fewer than --min-argmax of all steps, a step's relative L2 
 """
 import argparse
 import math
+import statistics
 from array import array
 
 parser = argparse.ArgumentParser()
@@ -49,7 +50,7 @@ for k in range(0, len(args.files), 2):
         agree += int(argmax(a[t]) == argmax(b[t]))
         if not args.quiet:
             print(f"| {t} | {rel:.4f} | {argmax(a[t])} / {argmax(b[t])} | {len(top5(a[t]) & top5(b[t]))} |")
-median = sorted(rels)[len(rels) // 2] if len(rels) % 2 else sum(sorted(rels)[len(rels) // 2 - 1:len(rels) // 2 + 1]) / 2
+median = statistics.median(rels)
 ok = agree >= args.min_argmax * steps and max(rels) <= args.max_rel and median <= args.max_median
 print(f"all: argmax agrees on {agree} of {steps} steps; relative L2 median {median:.4f}, max {max(rels):.4f}"
       f" ({'within' if ok else 'outside'} argmax >= {args.min_argmax:.0%}, rel L2 <= {args.max_rel},"

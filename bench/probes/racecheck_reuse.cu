@@ -14,29 +14,12 @@
 
 #include <cuda_runtime.h>
 
+#include "common/async_copy.cuh"
+#include "common/body.cuh"
+
 namespace {
 
-__device__ __forceinline__ std::uint32_t smem_at(const void* p) { return std::uint32_t(__cvta_generic_to_shared(p)); }
-
-__device__ void barrier_init(std::uint64_t* b) { asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_at(b)) : "memory"); }
-__device__ void barrier_expect(std::uint64_t* b, std::uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_at(b)), "r"(bytes) : "memory");
-}
-__device__ void barrier_wait(std::uint64_t* b, std::uint32_t parity) {
-  std::uint32_t done = 0;
-  do {
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                 : "=r"(done)
-                 : "r"(smem_at(b)), "r"(parity)
-                 : "memory");
-  } while (!done);
-}
-__device__ void barrier_inval(std::uint64_t* b) { asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_at(b)) : "memory"); }
-__device__ void bulk_copy(void* dst, const void* src, std::uint32_t bytes, std::uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_at(dst)), "l"(src),
-               "r"(bytes), "r"(smem_at(bar))
-               : "memory");
-}
+using namespace encore::device;  // the bodies' own barrier and copy helpers (ops/common/)
 
 constexpr int kRowBytes = 128;
 extern __shared__ __align__(1024) char smem[];
@@ -52,17 +35,17 @@ __device__ float run_body(const char* src, const Body& b) {
   std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(smem + b.bar_offset) + warp * b.slots;
   char* ring = smem + b.ring_offset + warp * b.slots * b.rows * kRowBytes;
   if (lane == 0) {
-    for (int i = 0; i < b.slots; ++i) barrier_init(&bars[i]);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int i = 0; i < b.slots; ++i) barrier_init(&bars[i], 1);
+    fence_barrier_init();
   }
   __syncwarp();
   int issued = 0;
   auto fill = [&]() {
     if (issued >= b.pieces) return;
     const int slot = issued % b.slots;
-    if (lane == 0) barrier_expect(&bars[slot], b.rows * kRowBytes);
+    if (lane == 0) barrier_arrive_expect(&bars[slot], b.rows * kRowBytes);
     for (int r = lane; r < b.rows; r += 32)
-      bulk_copy(ring + (slot * b.rows + (r + b.rotate) % b.rows) * kRowBytes, src + (issued * b.rows + r) % 256 * kRowBytes, kRowBytes,
+      bulk_copy_to_shared(ring + (slot * b.rows + (r + b.rotate) % b.rows) * kRowBytes, src + (issued * b.rows + r) % 256 * kRowBytes, kRowBytes,
                 &bars[slot]);
     ++issued;
   };
@@ -76,13 +59,12 @@ __device__ float run_body(const char* src, const Body& b) {
     fill();
   }
   __syncwarp();
-  if (lane == 0)
-    for (int i = 0; i < b.slots; ++i) barrier_inval(&bars[i]);
+  if (lane == 0) barrier_inval(bars, b.slots);
   return sum;
 }
 
 __device__ void between_bodies() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  fence_proxy_async();
   __syncthreads();
 }
 
