@@ -67,6 +67,17 @@ __host__ __device__ constexpr int stream_slot_blocks(int k_blocks) {
   return (k_blocks + slots - 1) / slots;
 }
 
+// Which passes of the work list a gate/up stream runs. The megakernel may split gate/up in two at
+// small batches: the shared experts need no routing, so their stream starts while the routing is
+// computed, and the routed stream then has fewer items.
+// kFromShape (a template argument only): the set is StreamShape::set, read at run time, so the
+// megakernel runs every set with one body (a body per set made its code larger and slower).
+enum class ExpertSet : int { kAll, kRouted, kShared, kFromShape };
+template <ExpertSet kSet>
+__host__ __device__ constexpr bool stream_runs(ExpertSet shape_set, ExpertSet set) {
+  return kSet == ExpertSet::kFromShape ? shape_set == set : kSet == set;
+}
+
 // The shape of one kernel's stream, chosen by the host.
 struct StreamShape {
   int k_blocks;       // K / 256 of the matrices
@@ -77,6 +88,7 @@ struct StreamShape {
   bool gather;        // gate/up: activations per token (gathered); down: per entry (contiguous)
   int list_passes = 0;   // capacity of a work list built in shared memory (0: the prepare kernel's list)
   int list_entries = 0;
+  ExpertSet set = ExpertSet::kAll;  // kRouted, kShared: the megakernel's split gate/up (in-block lists)
 
   __host__ __device__ bool in_block() const { return list_passes > 0; }
   // Gate/up with its own list: the batch's activations quantised once into one resident buffer.
@@ -139,9 +151,10 @@ struct StreamSmem {
 };
 
 // The block's view of its stream: shape, matrices and the item count (block-uniform). kInBlock:
-// the block builds its work list (shape.in_block()).
-template <int NMAT, bool kInBlock>
+// the block builds its work list (shape.in_block()); kSet: which passes it runs (gate/up only).
+template <int NMAT, bool kInBlock, ExpertSet kSet = ExpertSet::kAll>
 struct ExpertStream {
+  static_assert(kSet == ExpertSet::kAll || (kInBlock && NMAT == 2), "a split stream is a gate/up stream with its own list");
   static constexpr bool kResidentAct = kInBlock && NMAT == 2;
   StreamShape shape;
   StreamSmem s;
@@ -179,13 +192,19 @@ struct ExpertStream {
       device::fence_barrier_init();
     }
     if constexpr (kInBlock) {
-      // (only the gate/up kernel's first block reports bad ids: one writer of the flag)
-      build_work_list(p, list, *reinterpret_cast<PlanSmem*>(s.ring), NMAT == 2 && first == 0);
-      device::fence_proxy_async();  // the ring's generic writes come before its bulk copies
+      if (stream_runs<kSet>(sh.set, ExpertSet::kShared)) {
+        build_shared_list(p, list);
+      } else {
+        // (only the gate/up kernel's first block reports bad ids: one writer of the flag)
+        build_work_list(p, list, *reinterpret_cast<PlanSmem*>(s.ring), NMAT == 2 && first == 0);
+        device::fence_proxy_async();  // the ring's generic writes come before its bulk copies
+      }
     }
     // The pass count and the passes this block may get load together (one round trip); entries
     // past the count are stale and dropped.
     num_passes = load_list(list.num_passes);
+    if (kInBlock && stream_runs<kSet>(sh.set, ExpertSet::kRouted))  // the shared experts' passes are the last ones
+      while (num_passes > 0 && list.passes[num_passes - 1].x >= p.num_experts) --num_passes;
     const int total = num_passes * row_groups, capacity = kInBlock ? shape.list_passes : p.pass_capacity;
     for (int k = threadIdx.x; k < shape.max_items; k += kBlockThreads) {
       const int item = first + k * stride;
@@ -322,7 +341,7 @@ struct ExpertStream {
 // Unit u = (matrix u % 2, row u / 2): a warp's groups 2i and 2i+1 hold the gate and up rows of
 // one row, so silu(g)*u is one shuffle away. The caller has not waited for the routing: a settled
 // h is quantised first (resident activations).
-template <bool kInBlock, class Range, class Wait>
+template <bool kInBlock, ExpertSet kSet = ExpertSet::kAll, class Range, class Wait>
 __device__ inline void gate_up_body(const ExpertsTileParams& p, const StreamShape& shape, const StreamMaps& maps, const Range& r,
                                     char* smem, Wait& wait) {
   if (kInBlock && p.h_settled) {
@@ -330,8 +349,9 @@ __device__ inline void gate_up_body(const ExpertsTileParams& p, const StreamShap
     quantize_rows(p, 0, p.batch, s.act, s.row_partial);
   }
   wait();  // the routing (and the work list or h) come from upstream
-  ExpertStream<2, kInBlock> stream(p, shape, maps, smem, gate_up_row_groups(p.inter), r.first(), r.stride());
-  if (kInBlock && r.first() == 0) reset_chunk_counters(p);  // (the prepare kernel's job otherwise)
+  ExpertStream<2, kInBlock, kSet> stream(p, shape, maps, smem, gate_up_row_groups(p.inter), r.first(), r.stride());
+  // (the prepare kernel's job otherwise; the routed stream's when gate/up is split)
+  if (kInBlock && !stream_runs<kSet>(shape.set, ExpertSet::kShared) && r.first() == 0) reset_chunk_counters(p);
   stream.start_activations(p);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, unit = warp * 8 + lane / 4;
   for (int k = 0; k < stream.items; ++k) {

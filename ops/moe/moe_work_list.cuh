@@ -4,6 +4,9 @@
 //                  ascending inside an expert, shared experts appended as always-on
 //                  pseudo-experts of weight 1, pad rows left out; each expert's entries cut into
 //                  passes of tokens_per_pass; per token, its entries in ascending expert id.
+//                  Shared expert s's entries start at batch * top_k + s * (real tokens), an
+//                  offset the routing does not move, so build_shared_list can give a stream
+//                  of the shared experts alone the same entries before the routing exists.
 //                  Written to global memory by the prepare kernel (general plan) or to each
 //                  stream block's shared memory (small batches: no prepare kernel).
 //   prepare_tile : tile 0 builds the global work list; tile 1 + t quantises token t's row of h
@@ -146,14 +149,14 @@ __device__ inline void build_one_token_list(const ExpertsTileParams& p, const Wo
     rank += (valid_lanes >> j & 1u) && other < id;
   }
   const int routed = __popc(valid_lanes), used = routed + (real ? p.num_shared : 0);
-  auto add = [&](int expert, int entry, float w) {  // the expert's one pass and the token's entry
-    out.passes[entry] = make_int4(expert, entry, 1, 0);
+  auto add = [&](int expert, int pass, int entry, float w) {  // the expert's one pass; the token's place-th entry
+    out.passes[pass] = make_int4(expert, entry, 1, 0);
     out.entry_token[entry] = 0;
     out.entry_weight[entry] = w;
-    out.token_entries[entry] = entry;
+    out.token_entries[pass] = entry;
   };
-  if (valid) add(id, rank, weight);
-  if (real && lane < p.num_shared) add(p.num_experts + lane, routed + lane, 1.f);
+  if (valid) add(id, rank, rank, weight);
+  if (real && lane < p.num_shared) add(p.num_experts + lane, routed + lane, p.top_k + lane, 1.f);
   if (lane >= used && lane < per_token) out.token_entries[lane] = -1;
   if (lane == 0) *out.num_passes = used;
 }
@@ -219,7 +222,8 @@ __device__ inline void build_work_list(const ExpertsTileParams& p, const WorkLis
   for (int i = 0; i < kPlanScanItems; ++i) {
     const int e = threadIdx.x * kPlanScanItems + i;
     if (e >= experts) continue;
-    const int first = packed[i] & 0xFFFF, n = __popcll(s.token_mask[e]);
+    const int n = __popcll(s.token_mask[e]);
+    const int first = e < p.num_experts ? packed[i] & 0xFFFF : p.batch * p.top_k + (e - p.num_experts) * n;
     s.entry_offset[e] = first;
     for (int q = 0; q * p.tokens_per_pass < n; ++q)
       out.passes[(packed[i] >> 16) + q] = make_int4(e, first + q * p.tokens_per_pass, min(p.tokens_per_pass, n - q * p.tokens_per_pass), 0);
@@ -247,6 +251,31 @@ __device__ inline void build_work_list(const ExpertsTileParams& p, const WorkLis
     out.entry_weight[at] = 1.f;
     out.token_entries[t * per_token + s.token_valid[t] + i / p.batch] = at;
   }
+  __syncthreads();
+}
+
+// The shared experts' passes alone, from the slot ids (no routing): the entries build_work_list
+// gives them, their passes renumbered from 0. For a gate/up stream of the shared experts that
+// runs before the routing exists (StreamShape::set == ExpertSet::kShared). In-block lists only
+// (batch <= kTokensPerPass: one ballot holds the batch). Ends with a block barrier.
+__device__ inline void build_shared_list(const ExpertsTileParams& p, const WorkList& out) {
+  static_assert(kTokensPerPass <= 32);
+  const int lane = threadIdx.x % 32;
+  const unsigned real = __ballot_sync(0xFFFFFFFFu, lane < p.batch && !device::is_pad_row(p.slot_ids, lane));
+  const int n = __popc(real), per = (n + p.tokens_per_pass - 1) / p.tokens_per_pass;
+  for (int i = threadIdx.x; i < p.num_shared * per; i += kBlockThreads) {
+    const int s = i / per, q = i % per;
+    out.passes[i] = make_int4(p.num_experts + s, p.batch * p.top_k + s * n + q * p.tokens_per_pass,
+                              min(p.tokens_per_pass, n - q * p.tokens_per_pass), 0);
+  }
+  for (int i = threadIdx.x; i < p.num_shared * p.batch; i += kBlockThreads) {
+    const int s = i / p.batch, t = i % p.batch;
+    if (!(real >> t & 1u)) continue;
+    const int at = p.batch * p.top_k + s * n + __popc(real & ((1u << t) - 1u));
+    out.entry_token[at] = t;
+    out.entry_weight[at] = 1.f;
+  }
+  if (threadIdx.x == 0) *out.num_passes = p.num_shared * per;
   __syncthreads();
 }
 

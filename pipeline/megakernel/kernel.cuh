@@ -236,8 +236,8 @@ __device__ __noinline__ void run_op(int slot, const TileRange r, CounterWait& wa
     moe::quantize_body(p, r, smem, wait);
   } else if constexpr (kOp == Opcode::kMoeGateUp) {
     const ExpertsOp& op = ins.params.moe_stream;
-    if (op.shape.in_block())
-      moe::gate_up_body<true>(op.p, op.shape, *op.maps, r, smem, wait);
+    if (op.shape.in_block())  // (the split gate/up's two streams: the same body, shape.set read at run time)
+      moe::gate_up_body<true, moe::ExpertSet::kFromShape>(op.p, op.shape, *op.maps, r, smem, wait);
     else
       moe::gate_up_body<false>(op.p, op.shape, *op.maps, r, smem, wait);
   } else if constexpr (kOp == Opcode::kMoeDown) {

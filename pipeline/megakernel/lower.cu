@@ -322,24 +322,49 @@ class Lowering {
       l.info.accesses = {ids, weights, list, chunks, flag};
     }
     const int passes = moe::max_passes(m.batch, m.num_experts, m.num_shared, m.top_k, e.tokens_per_pass);
-    const int gate_up_lanes = std::min(gate_up_blocks, passes * moe::gate_up_row_groups(m.inter));
     const int down_lanes = std::min(out_.grid, passes * moe::down_row_chunks(m.hidden));
     const int slot = take_map_slots(4, [m, plan](CUtensorMap* maps) {
       return moe::encode_experts_maps(m, plan, reinterpret_cast<moe::StreamMaps*>(maps), reinterpret_cast<moe::StreamMaps*>(maps + 2));
     });
     const auto* maps = reinterpret_cast<const moe::StreamMaps*>(map_table_ + slot);
-    Node& g = add(Opcode::kMoeGateUp, gate_up_lanes, si, "moe.gate_up", plan.gate_up_smem);
-    g.ins.params.moe_stream = {e, plan.gate_up, maps};
-    if (in_block)  // the routing after the quantised input; lane 0 resets the combine's counters, reports bad ids
-      g.info.accesses = {read(x_rows, true), ids, weights, chunks, flag, act_mid};
-    else
-      g.info.accesses = {read(list), read(act_in), act_mid};
+    // One token with shared experts: gate/up as two instructions. The shared experts' stream needs
+    // no routing, so it runs on the blocks the router leaves idle while the routing is computed;
+    // the routed stream, on the critical path, has fewer items per lane. Their act_mid rows are
+    // disjoint (the shared entries sit after batch * top_k: moe_work_list.cuh). At 4 tokens the
+    // shared item outlasts the routing and the split measured slower (bench/notes/).
+    const bool split = in_block && m.batch == 1 && m.num_shared > 0 && out_.grid > 1;
+    const int routed_passes = split ? moe::max_passes(m.batch, m.num_experts, 0, m.top_k, e.tokens_per_pass) : passes;
+    const int gate_up_items = routed_passes * moe::gate_up_row_groups(m.inter);
+    const int gate_up_lanes = std::min(gate_up_blocks, gate_up_items);
+    const std::int64_t mid_row = std::int64_t(e.inter_blocks) * q4k::kActBlockBytes;
+    const Access mid_routed = bytes_of(e.act_mid, std::size_t(m.batch) * m.top_k * mid_row, true);
+    if (split) {
+      const int shared_passes = m.num_shared * ((m.batch + e.tokens_per_pass - 1) / e.tokens_per_pass);
+      Node& s = add(Opcode::kMoeGateUp, std::min(gate_up_blocks, shared_passes * moe::gate_up_row_groups(m.inter)), si,
+                    "moe.shared_gate_up", plan.gate_up_smem);
+      s.ins.params.moe_stream = {e, plan.gate_up, maps};
+      s.ins.params.moe_stream.shape.set = moe::ExpertSet::kShared;
+      const char* mid_shared = e.act_mid + std::size_t(m.batch) * m.top_k * mid_row;
+      s.info.accesses = {read(x_rows, true), bytes_of(mid_shared, std::size_t(m.batch) * m.num_shared * mid_row, true)};
+    }
+    {
+      Node& g = add(Opcode::kMoeGateUp, gate_up_lanes, si, "moe.gate_up", plan.gate_up_smem);
+      g.ins.params.moe_stream = {e, plan.gate_up, maps};
+      if (split) {
+        g.ins.params.moe_stream.shape.set = moe::ExpertSet::kRouted;
+        if (skip_topk_block) g.lane0_after_previous = 0;  // from the shared stream's first block: the top-k's is left out
+      }
+      if (in_block)  // the routing after the quantised input; lane 0 resets the combine's counters, reports bad ids
+        g.info.accesses = {read(x_rows, true), ids, weights, chunks, flag, split ? mid_routed : act_mid};
+      else
+        g.info.accesses = {read(list), read(act_in), act_mid};
+    }
     Node& d = add(Opcode::kMoeDown, down_lanes, si, "moe.down", plan.down_smem);
     d.ins.params.moe_stream = {e, plan.down, maps + 1};
     // A lane takes items lane, lane + lanes, ...: the low lanes get one more (counted at the most
     // passes, the batch-1 count). gate/up's are the last blocks to reach down (which waits for all
     // of gate/up) and start its ring late, so they take down's highest lanes, the light ones.
-    const int heavy_gate_up = passes * moe::gate_up_row_groups(m.inter) % gate_up_lanes;
+    const int heavy_gate_up = gate_up_items % gate_up_lanes;
     const int heavy_down = passes * moe::down_row_chunks(m.hidden) % down_lanes;
     if (down_lanes == out_.grid && heavy_gate_up > 0 && heavy_down > 0) d.lane0_after_previous = heavy_gate_up;
     if (in_block)  // its list, from the routing, before its ring starts
