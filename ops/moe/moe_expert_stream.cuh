@@ -67,8 +67,8 @@ __host__ __device__ constexpr int stream_slot_blocks(int k_blocks) {
   return (k_blocks + slots - 1) / slots;
 }
 
-// Which passes of the work list a gate/up stream runs. The megakernel may split gate/up in two at
-// small batches: the shared experts need no routing, so their stream starts while the routing is
+// Which passes of the work list a gate/up stream runs. At one token the megakernel splits gate/up
+// in two: the shared experts need no routing, so their stream starts while the routing is
 // computed, and the routed stream then has fewer items.
 // kFromShape (a template argument only): the set is StreamShape::set, read at run time, so the
 // megakernel runs every set with one body (a body per set made its code larger and slower).

@@ -336,16 +336,15 @@ class Lowering {
     const int routed_passes = split ? moe::max_passes(m.batch, m.num_experts, 0, m.top_k, e.tokens_per_pass) : passes;
     const int gate_up_items = routed_passes * moe::gate_up_row_groups(m.inter);
     const int gate_up_lanes = std::min(gate_up_blocks, gate_up_items);
-    const std::int64_t mid_row = std::int64_t(e.inter_blocks) * q4k::kActBlockBytes;
-    const Access mid_routed = bytes_of(e.act_mid, std::size_t(m.batch) * m.top_k * mid_row, true);
+    const std::size_t mid_row = std::size_t(e.inter_blocks) * q4k::kActBlockBytes, routed_rows = std::size_t(m.batch) * m.top_k;
+    const Access mid_routed = bytes_of(e.act_mid, routed_rows * mid_row, true);
     if (split) {
       const int shared_passes = m.num_shared * ((m.batch + e.tokens_per_pass - 1) / e.tokens_per_pass);
       Node& s = add(Opcode::kMoeGateUp, std::min(gate_up_blocks, shared_passes * moe::gate_up_row_groups(m.inter)), si,
                     "moe.shared_gate_up", plan.gate_up_smem);
       s.ins.params.moe_stream = {e, plan.gate_up, maps};
       s.ins.params.moe_stream.shape.set = moe::ExpertSet::kShared;
-      const char* mid_shared = e.act_mid + std::size_t(m.batch) * m.top_k * mid_row;
-      s.info.accesses = {read(x_rows, true), bytes_of(mid_shared, std::size_t(m.batch) * m.num_shared * mid_row, true)};
+      s.info.accesses = {read(x_rows, true), bytes_of(e.act_mid + routed_rows * mid_row, std::size_t(m.batch) * m.num_shared * mid_row, true)};
     }
     {
       Node& g = add(Opcode::kMoeGateUp, gate_up_lanes, si, "moe.gate_up", plan.gate_up_smem);
