@@ -27,11 +27,11 @@ __global__ void __launch_bounds__(kBlockThreads) router_gemv_kernel(const __grid
   moe::router_gemv_body(p, device::GridRange{}, wait);
 }
 
-template <int P>
+template <class Form>
 __global__ void __launch_bounds__(kBlockThreads) router_topk_kernel(const __grid_constant__ RouterTopkParams p) {
   extern __shared__ __align__(16) char smem[];
   device::PdlWait wait;
-  moe::router_topk_body<P>(p, device::GridRange{}, smem, wait);
+  moe::router_topk_body<Form>(p, device::GridRange{}, smem, wait);
 }
 
 // Logits and routing in one kernel (MoeRouterParams::counter): the last block to finish routes.
@@ -283,10 +283,11 @@ Status launch_fused_router(const RouterGemvParams& g, const RouterTopkParams& t,
 }
 
 Status launch_topk(const RouterTopkParams& t, cudaStream_t stream) {
-  const int tiles = moe::router_topk_tiles(t.batch);
-  const std::size_t smem = moe::router_topk_smem_bytes(t.config.num_experts);
-  return moe::with_lane_width(moe::topk_lane_width(t.config.num_experts), [&](auto p) {
-    return detail::launch(router_topk_kernel<decltype(p)::value>, tiles, smem, stream, true, "moe router top-k kernel", t);
+  const moe::TopkForm form = moe::topk_form(t.config);
+  const int tiles = moe::router_topk_tiles(t.batch, form);
+  const std::size_t smem = moe::router_topk_smem_bytes(t.config);
+  return moe::with_topk_form(form, [&](auto f) {
+    return detail::launch(router_topk_kernel<decltype(f)>, tiles, smem, stream, true, "moe router top-k kernel", t);
   });
 }
 
@@ -374,8 +375,8 @@ moe::RouterPlan router_plan(const MoeRouterParams& a) {
   g.sum_squares = g.partial + std::size_t(g.slices) * a.batch * g.num_experts;
   r.topk = topk_params(a.config, g.partial, g.slices, a.bias, a.batch, a.topk_ids, a.topk_weights, a.logits, a.slot_ids);
   if (a.norm_weight) r.topk.sum_squares = g.sum_squares, r.topk.hidden = a.hidden, r.topk.eps = a.norm_eps;
-  r.topk_lane_width = moe::topk_lane_width(a.config.num_experts);
-  r.topk_smem = moe::router_topk_smem_bytes(a.config.num_experts);
+  r.topk_form = moe::topk_form(a.config);
+  r.topk_smem = moe::router_topk_smem_bytes(a.config);
   r.counter = a.batch <= kMoeRouterOnePassMaxBatch ? a.counter : nullptr;
   r.fused_smem = moe::router_fused_smem_bytes(a.config.num_experts);
   return r;

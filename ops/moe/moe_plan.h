@@ -17,7 +17,7 @@ namespace encore::moe {
 struct RouterPlan {
   RouterGemvParams gemv;
   RouterTopkParams topk;
-  int topk_lane_width = 1;  // experts per lane of the top-k body (its template parameter P)
+  TopkForm topk_form;        // the top-k body's form (its template parameter, with_topk_form)
   std::size_t topk_smem = 0;
   int* counter = nullptr;   // set: one fused pass (router_fused_body), with fused_smem bytes
   std::size_t fused_smem = 0;

@@ -60,14 +60,50 @@ struct RouterTopkParams {
 __host__ __device__ inline int router_gemv_tiles(const RouterGemvParams& p) {
   return (p.num_experts + kRouterRowsPerTile - 1) / kRouterRowsPerTile * p.slices;
 }
-__host__ __device__ inline int router_topk_tiles(int batch) { return (batch + kWarpsPerBlock - 1) / kWarpsPerBlock; }
-__host__ __device__ constexpr std::size_t router_topk_smem_bytes(int num_experts) {
+// How the top-k runs (topk_form): a warp per token with `per` experts per lane, for every config;
+// or a block per token with `per` experts per thread where the scores are sigmoids and no group
+// stage runs (Kimi's routing): eight warps select at once, a chain a fraction of one warp's, with
+// the same bits (router_topk_block).
+struct TopkForm {
+  bool by_block = false;
+  int per = 1;  // experts per lane (a warp per token) or per thread (a block per token)
+};
+// The block form needs elementwise scores (a softmax's warp-wide sums would change order), no
+// group stage, and at most two experts per thread.
+__host__ __device__ inline bool topk_fits_block(const ops::MoeRoutingConfig& c) {
+  return c.score == ops::MoeScoreFunc::kSigmoid && !(c.n_group > 1 && c.topk_group < c.n_group) &&
+         c.num_experts <= 2 * kBlockThreads;
+}
+// Experts per lane of the warp form for E experts: the smallest power of two >= E / 32 (1..16).
+__host__ __device__ inline int topk_lane_width(int num_experts) {
+  int P = 1;
+  while (P * 32 < num_experts) P *= 2;
+  return P;
+}
+__host__ __device__ inline TopkForm topk_form(const ops::MoeRoutingConfig& c) {
+  if (topk_fits_block(c)) return {true, c.num_experts > kBlockThreads ? 2 : 1};
+  return {false, topk_lane_width(c.num_experts)};
+}
+// Tiles: a token each (block form), or 8 tokens, a warp each.
+__host__ __device__ inline int router_topk_tiles(int batch, TopkForm form) {
+  return form.by_block ? batch : (batch + kWarpsPerBlock - 1) / kWarpsPerBlock;
+}
+// The warp form's group stage: num_experts floats per warp.
+__host__ __device__ constexpr std::size_t topk_warp_smem_bytes(int num_experts) {
   return std::size_t(kWarpsPerBlock) * num_experts * sizeof(float);
+}
+// The block form's: each warp's k best (key, weight), then the k winners (id, weight).
+__host__ __device__ constexpr std::size_t topk_block_smem_bytes(int top_k) {
+  return std::size_t(kWarpsPerBlock) * top_k * (8 + 4) + std::size_t(top_k) * (4 + 4);
+}
+__host__ __device__ inline std::size_t router_topk_smem_bytes(const ops::MoeRoutingConfig& c) {
+  return topk_form(c).by_block ? topk_block_smem_bytes(c.top_k) : topk_warp_smem_bytes(c.num_experts);
 }
 // The fused body's: a flag, then the top-k's.
 inline constexpr std::size_t kRouterFusedFlagBytes = 16;
+// (The fused body routes with the warp form: its last block routes every token at once.)
 __host__ __device__ constexpr std::size_t router_fused_smem_bytes(int num_experts) {
-  return kRouterFusedFlagBytes + router_topk_smem_bytes(num_experts);
+  return kRouterFusedFlagBytes + topk_warp_smem_bytes(num_experts);
 }
 
 // 8 consecutive router weights at `at` (a multiple of 8) as floats.
@@ -188,6 +224,107 @@ __device__ __forceinline__ unsigned long long warp_max(unsigned long long key) {
   return (static_cast<unsigned long long>(best_hi) << 32) | best_lo;
 }
 
+// ---- the top-k's pieces, shared by its two forms ----------------------------------------------
+// A thread holds N consecutive experts first .. first + N - 1 (those below E are present).
+
+// The router's logits of the thread's experts for `token`: the slices' partials added in slice
+// order (loaded together: one round trip at the common slice counts), scaled by 1 / rms when the
+// RMSNorm is fused. The partials come from the GEMV tiles, of this launch in the fused body and the
+// megakernel: loads through L2 (ld.cg), never a stale L1 line; bias and slot ids are settled inputs.
+template <int N>
+__device__ __forceinline__ void load_scores(const RouterTopkParams& p, int token, int first, float (&score)[N], float (&bias)[N],
+                                            bool (&present)[N]) {
+  const int E = p.config.num_experts;
+#pragma unroll
+  for (int i = 0; i < N; ++i) present[i] = first + i < E;
+#pragma unroll
+  for (int i = 0; i < N; ++i) bias[i] = p.bias && present[i] ? __ldg(p.bias + first + i) : 0.f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) score[i] = 0.f;
+  float sum_sq = 0.f;
+  constexpr int kSlicesInFlight = N <= 4 ? 4 : N <= 8 ? 3 : 2;
+  for (int s0 = 0; s0 < p.slices; s0 += kSlicesInFlight) {
+    float part[kSlicesInFlight][N], sq[kSlicesInFlight];
+#pragma unroll
+    for (int j = 0; j < kSlicesInFlight; ++j) {
+      const float* row = p.logits + (std::int64_t(s0 + j) * p.batch + token) * E + first;
+#pragma unroll
+      for (int i = 0; i < N; ++i) part[j][i] = s0 + j < p.slices && present[i] ? __ldcg(row + i) : 0.f;
+      sq[j] = p.sum_squares && s0 + j < p.slices ? __ldcg(p.sum_squares + std::int64_t(s0 + j) * p.batch + token) : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < kSlicesInFlight; ++j) {
+      sum_sq += sq[j];
+#pragma unroll
+      for (int i = 0; i < N; ++i)
+        if (s0 + j < p.slices && present[i]) score[i] += part[j][i];
+    }
+  }
+  if (p.sum_squares) {
+    const float inv_rms = rsqrtf(sum_sq / float(p.hidden) + p.eps);
+#pragma unroll
+    for (int i = 0; i < N; ++i) score[i] *= inv_rms;
+  }
+}
+
+// A pad row routes nowhere: ids -1, weights 0 (slot j written by the caller's thread j < k).
+__device__ __forceinline__ void store_pad_slot(const RouterTopkParams& p, int token, int j) {
+  if (j < p.config.top_k) {
+    p.ids[std::int64_t(token) * p.config.top_k + j] = -1;
+    p.weights[std::int64_t(token) * p.config.top_k + j] = 0.f;
+  }
+}
+
+// The selection value (score + bias; NaN never wins) and the weight each expert would carry.
+template <int N>
+__device__ __forceinline__ void selection_of(const ops::MoeRoutingConfig& c, bool with_bias, const float (&score)[N],
+                                             const float (&bias)[N], float (&choice)[N], float (&weight_of)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    float v = with_bias ? score[i] + bias[i] : score[i];
+    if (isnan(v)) v = -FLT_MAX;
+    choice[i] = v;
+    weight_of[i] = c.hf_remote_biased_weights ? v : score[i];
+  }
+}
+
+// Sorts the thread's N (key, weight) pairs descending: odd-even transposition, every index
+// compile-time, so everything stays in registers.
+template <int N>
+__device__ __forceinline__ void sort_descending(unsigned long long (&key)[N], float (&weight_of)[N]) {
+#pragma unroll
+  for (int pass = 0; pass < N; ++pass)
+#pragma unroll
+    for (int i = pass & 1; i + 1 < N; i += 2)
+      if (key[i + 1] > key[i]) {
+        const unsigned long long k = key[i];
+        key[i] = key[i + 1], key[i + 1] = k;
+        const float w = weight_of[i];
+        weight_of[i] = weight_of[i + 1], weight_of[i + 1] = w;
+      }
+}
+
+// Pops the head of a thread's sorted keys (the caller's head just won a round).
+template <int N>
+__device__ __forceinline__ void pop_head(unsigned long long (&key)[N], float (&weight_of)[N]) {
+#pragma unroll
+  for (int i = 0; i + 1 < N; ++i) key[i] = key[i + 1], weight_of[i] = weight_of[i + 1];
+  key[N - 1] = 0ull;
+}
+
+// Slot j of the token: the j-th expert chosen and its weight, renormalised by `sum` (the chosen
+// weights added in selection order) and scaled.
+__device__ __forceinline__ void store_slot(const RouterTopkParams& p, int token, int j, int id, float weight, float sum) {
+  const ops::MoeRoutingConfig& c = p.config;
+  if (c.renormalize && (c.top_k > 1 || c.renormalize_top1)) weight = weight / (sum + c.renorm_eps);
+  weight *= c.routed_scale;
+  if (c.weights_to_bf16) weight = __bfloat162float(__float2bfloat16(weight));
+  p.ids[std::int64_t(token) * c.top_k + j] = id;
+  p.weights[std::int64_t(token) * c.top_k + j] = weight;
+}
+
+// ---- a warp per token ---------------------------------------------------------------------------
+
 // Routes token `token` with the calling warp; P = experts per lane (lane l holds l*P .. l*P+P-1).
 // `choice_smem`: num_experts floats for this warp (group stage only).
 template <int P>
@@ -195,53 +332,10 @@ __device__ void router_topk_warp(const RouterTopkParams& p, int token, float* ch
   const ops::MoeRoutingConfig& c = p.config;
   const int lane = threadIdx.x % 32;
   const int E = c.num_experts;
-  const std::int64_t slot0 = std::int64_t(token) * c.top_k;
   bool present[P];
-#pragma unroll
-  for (int i = 0; i < P; ++i) present[i] = lane * P + i < E;
-  // The slot id, the bias and the slices' partials are loaded together (one round trip at the
-  // common slice counts, not one per slice); the partials are then added in slice order. The
-  // partials come from the GEMV tiles, of this launch in the fused body and the megakernel:
-  // loads through L2 (ld.cg), never a stale L1 line; bias and slot ids are settled inputs.
-  const bool pad = device::is_pad_row(p.slot_ids, token);
-  float bias[P];
-#pragma unroll
-  for (int i = 0; i < P; ++i) bias[i] = p.bias && present[i] ? __ldg(p.bias + lane * P + i) : 0.f;
-  float score[P];
-#pragma unroll
-  for (int i = 0; i < P; ++i) score[i] = 0.f;
-  float sum_sq = 0.f;
-  constexpr int kSlicesInFlight = P <= 4 ? 4 : P <= 8 ? 3 : 2;
-  for (int s0 = 0; s0 < p.slices; s0 += kSlicesInFlight) {
-    float part[kSlicesInFlight][P], sq[kSlicesInFlight];
-#pragma unroll
-    for (int j = 0; j < kSlicesInFlight; ++j) {
-      const float* row = p.logits + (std::int64_t(s0 + j) * p.batch + token) * E + lane * P;
-#pragma unroll
-      for (int i = 0; i < P; ++i) part[j][i] = s0 + j < p.slices && present[i] ? __ldcg(row + i) : 0.f;
-      sq[j] = p.sum_squares && s0 + j < p.slices ? __ldcg(p.sum_squares + std::int64_t(s0 + j) * p.batch + token) : 0.f;
-    }
-#pragma unroll
-    for (int j = 0; j < kSlicesInFlight; ++j) {
-      sum_sq += sq[j];
-#pragma unroll
-      for (int i = 0; i < P; ++i)
-        if (s0 + j < p.slices && present[i]) score[i] += part[j][i];
-    }
-  }
-  if (p.sum_squares) {
-    const float inv_rms = rsqrtf(sum_sq / float(p.hidden) + p.eps);
-#pragma unroll
-    for (int i = 0; i < P; ++i) score[i] *= inv_rms;
-  }
-  if (pad) {  // no routing, no work downstream
-    if (lane < c.top_k) {
-      p.ids[slot0 + lane] = -1;
-      p.weights[slot0 + lane] = 0.f;
-    }
-    return;
-  }
-  const bool sigmoid = c.score == ops::MoeScoreFunc::kSigmoid;
+  float score[P], bias[P];
+  load_scores<P>(p, token, lane * P, score, bias, present);
+  if (device::is_pad_row(p.slot_ids, token)) return store_pad_slot(p, token, lane);  // no routing, no work downstream
   float local_max = -INFINITY;
 #pragma unroll
   for (int i = 0; i < P; ++i)
@@ -249,7 +343,7 @@ __device__ void router_topk_warp(const RouterTopkParams& p, int token, float* ch
       local_max = fmaxf(local_max, score[i]);
       if (p.logits_out) p.logits_out[std::int64_t(token) * E + lane * P + i] = score[i];
     }
-  if (sigmoid) {
+  if (c.score == ops::MoeScoreFunc::kSigmoid) {
 #pragma unroll
     for (int i = 0; i < P; ++i) score[i] = 1.f / (1.f + expf(-score[i]));
   } else {
@@ -265,18 +359,12 @@ __device__ void router_topk_warp(const RouterTopkParams& p, int token, float* ch
     for (int i = 0; i < P; ++i) score[i] = score[i] / sum;
   }
   float choice[P], weight_of[P];
-  const bool biased_weights = c.hf_remote_biased_weights;
-#pragma unroll
-  for (int i = 0; i < P; ++i) {
-    float v = p.bias ? score[i] + bias[i] : score[i];
-    if (isnan(v)) v = -FLT_MAX;
-    choice[i] = v;
-    weight_of[i] = biased_weights ? v : score[i];
-  }
+  selection_of<P>(c, p.bias != nullptr, score, bias, choice, weight_of);
 
   // Group stage: lane g scores group g (sum of its top-2 choices with a bias, else its max) and
   // keeps it when fewer than topk_group groups beat it (score desc, index asc).
   if (c.n_group > 1 && c.topk_group < c.n_group) {
+    const bool biased_weights = c.hf_remote_biased_weights;
     const int per = E / c.n_group;
 #pragma unroll
     for (int i = 0; i < P; ++i)
@@ -311,45 +399,90 @@ __device__ void router_topk_warp(const RouterTopkParams& p, int token, float* ch
     __syncwarp();
   }
 
-  // Each lane sorts its P (key, weight) pairs descending once (odd-even transposition, all indices
-  // compile-time, so everything stays in registers); then k rounds of a 64-bit warp maximum over
-  // the lanes' heads, the winning lane popping its head. Lane j keeps slot j.
+  // Each lane sorts its P keys once; then k rounds of a 64-bit warp maximum over the lanes' heads,
+  // the winning lane popping its head. Lane j keeps slot j.
   unsigned long long key[P];
 #pragma unroll
   for (int i = 0; i < P; ++i) key[i] = present[i] ? topk_key(choice[i], lane * P + i) : 0ull;
-#pragma unroll
-  for (int pass = 0; pass < P; ++pass)
-#pragma unroll
-    for (int i = pass & 1; i + 1 < P; i += 2)
-      if (key[i + 1] > key[i]) {
-        const unsigned long long k = key[i];
-        key[i] = key[i + 1], key[i + 1] = k;
-        const float w = weight_of[i];
-        weight_of[i] = weight_of[i + 1], weight_of[i + 1] = w;
-      }
+  sort_descending<P>(key, weight_of);
   int my_id = 0;
   float my_weight = 0.f, sum = 0.f;
   for (int j = 0; j < c.top_k; ++j) {
     const unsigned long long winner = warp_max(key[0]);
     const int id = key_index(winner);
     const float w = __shfl_sync(0xFFFFFFFFu, weight_of[0], id / P);
-    if (key[0] == winner) {
-#pragma unroll
-      for (int i = 0; i + 1 < P; ++i) key[i] = key[i + 1], weight_of[i] = weight_of[i + 1];
-      key[P - 1] = 0ull;
-    }
+    if (key[0] == winner) pop_head<P>(key, weight_of);
     if (lane == j) my_id = id, my_weight = w;
     sum += w;
   }
-  if (lane < c.top_k) {
-    if (c.renormalize && (c.top_k > 1 || c.renormalize_top1)) my_weight = my_weight / (sum + c.renorm_eps);
-    my_weight *= c.routed_scale;
-    if (c.weights_to_bf16) my_weight = __bfloat162float(__float2bfloat16(my_weight));
-    p.ids[slot0 + lane] = my_id;
-    p.weights[slot0 + lane] = my_weight;
-  }
+  if (lane < c.top_k) store_slot(p, token, lane, my_id, my_weight, sum);
 }
 
+// ---- a block per token --------------------------------------------------------------------------
+
+// The block form's shared memory (topk_block_smem_bytes).
+struct TopkBlockSmem {
+  unsigned long long* key;  // [warps][k] each warp's k best keys, in its selection order
+  float* weight;            // [warps][k] their weights
+  int* win_id;              // [k] the token's experts, in selection order
+  float* win_weight;        // [k]
+  __device__ TopkBlockSmem(char* smem, int k) {
+    key = reinterpret_cast<unsigned long long*>(smem);
+    weight = reinterpret_cast<float*>(key + kWarpsPerBlock * k);
+    win_id = reinterpret_cast<int*>(weight + kWarpsPerBlock * k);
+    win_weight = reinterpret_cast<float*>(win_id + k);
+  }
+};
+
+// Routes token `token` with the whole block (topk_fits_block): thread t holds experts
+// t*Q .. t*Q+Q-1. Every warp picks its k best by k rounds of a warp maximum, as the warp form
+// does over all experts; each of the 8k candidates then finds its place by counting the larger
+// ones (keys are distinct; an absent expert's key 0 never places among the first k, since k <= E).
+// The values, the selection order and the sum of the chosen weights (in selection order) are
+// the warp form's, so the bits are too. Ends with a block barrier (the shared memory is free).
+template <int Q>
+__device__ void router_topk_block(const RouterTopkParams& p, int token, char* smem) {
+  const ops::MoeRoutingConfig& c = p.config;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, first = int(threadIdx.x) * Q, k = c.top_k;
+  bool present[Q];
+  float score[Q], bias[Q];
+  load_scores<Q>(p, token, first, score, bias, present);
+  if (device::is_pad_row(p.slot_ids, token)) return store_pad_slot(p, token, int(threadIdx.x));  // (block-uniform)
+#pragma unroll
+  for (int i = 0; i < Q; ++i) {
+    if (present[i] && p.logits_out) p.logits_out[std::int64_t(token) * c.num_experts + first + i] = score[i];
+    score[i] = 1.f / (1.f + expf(-score[i]));
+  }
+  float choice[Q], weight_of[Q];
+  selection_of<Q>(c, p.bias != nullptr, score, bias, choice, weight_of);
+  unsigned long long key[Q];
+#pragma unroll
+  for (int i = 0; i < Q; ++i) key[i] = present[i] ? topk_key(choice[i], first + i) : 0ull;
+  sort_descending<Q>(key, weight_of);
+
+  const TopkBlockSmem s(smem, k);
+  for (int j = 0; j < k; ++j) {
+    const unsigned long long winner = warp_max(key[0]);
+    const float w = __shfl_sync(0xFFFFFFFFu, weight_of[0], (key_index(winner) / Q) & 31);
+    if (key[0] == winner) pop_head<Q>(key, weight_of);
+    if (lane == 0) s.key[warp * k + j] = winner, s.weight[warp * k + j] = w;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kWarpsPerBlock * k; i += kBlockThreads) {
+    const unsigned long long mine = s.key[i];
+    int place = 0;
+#pragma unroll 8
+    for (int o = 0; o < kWarpsPerBlock * k; ++o) place += s.key[o] > mine;
+    if (place < k) s.win_id[place] = key_index(mine), s.win_weight[place] = s.weight[i];
+  }
+  __syncthreads();
+  if (warp == 0) {
+    float sum = 0.f;
+    for (int j = 0; j < k; ++j) sum += s.win_weight[j];
+    if (lane < k) store_slot(p, token, lane, s.win_id[lane], s.win_weight[lane], sum);
+  }
+  __syncthreads();
+}
 // Router weights never depend on the previous kernel: pull this tile's rows into L2 before the
 // wait so the fetch overlaps the previous work.
 __device__ inline void prefetch_router_rows(const RouterGemvParams& p, int tile) {
@@ -371,15 +504,19 @@ __device__ void router_gemv_body(const RouterGemvParams& p, const Range& r, Wait
   for (int tile = r.first(); tile < tiles; tile += r.stride()) router_gemv_tile<kTok>(p, tile);
 }
 
-// A warp per token; `smem`: router_topk_smem_bytes.
-template <int P, class Range, class Wait>
+// The top-k of the range's tiles in the form Form (TopkFormOf); `smem`: router_topk_smem_bytes.
+template <class Form, class Range, class Wait>
 __device__ void router_topk_body(const RouterTopkParams& p, const Range& r, char* smem, Wait& wait) {
   wait();
+  const int tiles = router_topk_tiles(p.batch, TopkForm{Form::kByBlock, Form::kPer});
   const int warp = threadIdx.x / 32;
-  float* choice = reinterpret_cast<float*>(smem) + warp * p.config.num_experts;
-  for (int tile = r.first(); tile < router_topk_tiles(p.batch); tile += r.stride()) {
-    const int token = tile * kWarpsPerBlock + warp;
-    if (token < p.batch) router_topk_warp<P>(p, token, choice);
+  for (int tile = r.first(); tile < tiles; tile += r.stride()) {
+    if constexpr (Form::kByBlock) {
+      router_topk_block<Form::kPer>(p, tile, smem);
+    } else {
+      const int token = tile * kWarpsPerBlock + warp;
+      if (token < p.batch) router_topk_warp<Form::kPer>(p, token, reinterpret_cast<float*>(smem) + warp * p.config.num_experts);
+    }
   }
 }
 
@@ -419,7 +556,7 @@ __device__ void router_fused_body(const RouterGemvParams& g, const RouterTopkPar
 }
 
 // Calls f(std::integral_constant<int, P>{}) for a lane width P of 1, 2, 4, 8 or 16 (larger: 16),
-// the top-k's template parameter: one switch for every launcher and the megakernel.
+// the warp form's template parameter.
 template <class F>
 __host__ __device__ decltype(auto) with_lane_width(int lane_width, F&& f) {
   switch (lane_width) {
@@ -431,11 +568,17 @@ __host__ __device__ decltype(auto) with_lane_width(int lane_width, F&& f) {
   }
 }
 
-// Experts per lane for E experts: the smallest power of two >= E / 32 (1..16).
-__host__ __device__ inline int topk_lane_width(int num_experts) {
-  int P = 1;
-  while (P * 32 < num_experts) P *= 2;
-  return P;
+// A top-k form as types: router_topk_body's template parameter.
+template <bool kBlock, int kExperts>
+struct TopkFormOf {
+  static constexpr bool kByBlock = kBlock;
+  static constexpr int kPer = kExperts;
+};
+// Calls f(TopkFormOf<...>{}) for `form`: one switch for every launcher and the megakernel.
+template <class F>
+__host__ __device__ decltype(auto) with_topk_form(TopkForm form, F&& f) {
+  if (form.by_block) return form.per == 1 ? f(TopkFormOf<true, 1>{}) : f(TopkFormOf<true, 2>{});
+  return with_lane_width(form.per, [&](auto p) { return f(TopkFormOf<false, decltype(p)::value>{}); });
 }
 
 }  // namespace encore::moe

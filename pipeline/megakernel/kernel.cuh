@@ -222,7 +222,7 @@ __device__ __noinline__ void run_op(int slot, const TileRange r, CounterWait& wa
     moe::router_gemv_body<kRouterTokensPerRound>(p, r, wait);
   } else if constexpr (kOp == Opcode::kRouterTopk) {
     const RouterTopkOp& op = ins.params.router_topk;
-    moe::with_lane_width(op.lane_width, [&](auto p) { moe::router_topk_body<decltype(p)::value>(op.p, r, smem, wait); });
+    moe::with_topk_form(op.form, [&](auto f) { moe::router_topk_body<decltype(f)>(op.p, r, smem, wait); });
   } else if constexpr (kOp == Opcode::kRouter) {
     const RouterOp& op = ins.params.router;
     moe::with_lane_width(op.lane_width, [&](auto p) {

@@ -268,7 +268,7 @@ class Lowering {
     if (r.logits) routing.push_back(bytes_of(r.logits, std::size_t(r.batch) * r.config.num_experts * 4, true));
     if (plan.counter) {  // one instruction: its last block routes (the counter is reset by it)
       Node& n = add(Opcode::kRouter, moe::router_gemv_tiles(plan.gemv), si, "moe.router", plan.fused_smem);
-      n.ins.params.router = {plan.gemv, plan.topk, plan.counter, plan.topk_lane_width};
+      n.ins.params.router = {plan.gemv, plan.topk, plan.counter, moe::topk_lane_width(r.config.num_experts)};
       n.info.accesses = {h, ws, bytes_of(plan.counter, sizeof(std::int32_t), true)};
       n.info.accesses.insert(n.info.accesses.end(), routing.begin(), routing.end());
       return {};
@@ -276,8 +276,8 @@ class Lowering {
     Node& g = add(Opcode::kRouterGemv, moe::router_gemv_tiles(plan.gemv), si, "moe.router", 0);
     g.ins.params.router_gemv = plan.gemv;
     g.info.accesses = {h, ws};
-    Node& t = add(Opcode::kRouterTopk, moe::router_topk_tiles(r.batch), si, "moe.topk", plan.topk_smem);
-    t.ins.params.router_topk = {plan.topk, plan.topk_lane_width};
+    Node& t = add(Opcode::kRouterTopk, moe::router_topk_tiles(r.batch, plan.topk_form), si, "moe.topk", plan.topk_smem);
+    t.ins.params.router_topk = {plan.topk, plan.topk_form};
     t.info.accesses = {read(ws)};
     t.info.accesses.insert(t.info.accesses.end(), routing.begin(), routing.end());
     return {};
@@ -290,11 +290,15 @@ class Lowering {
   Status experts(int si) {
     const ops::MoeExpertsParams& m = stages_[si].params.moe_experts;
     const bool in_block = m.batch <= moe::kTokensPerPass;
-    // A top-k of one tile just before: its block would reach gate/up last, its prologue then on the
-    // critical path, so gate/up leaves it out (the lanes rotate: it is the last lane's block).
-    const bool skip_topk_block = in_block && out_.grid > 1 && !nodes_.empty() && nodes_.back().ins.h.op == Opcode::kRouterTopk &&
-                                 nodes_.back().ins.h.tiles == 1;
-    const int gate_up_blocks = out_.grid - (skip_topk_block ? 1 : 0);
+    // A top-k just before (a block per token, or one for 8 tokens): its blocks would reach gate/up
+    // last, their prologue then on the critical path, so gate/up leaves them out (the lanes rotate:
+    // they are the last lanes' blocks).
+    const int topk_blocks = in_block && !nodes_.empty() && nodes_.back().ins.h.op == Opcode::kRouterTopk &&
+                                    nodes_.back().ins.h.tiles < out_.grid
+                                ? nodes_.back().ins.h.tiles
+                                : 0;
+    const bool skip_topk_blocks = topk_blocks > 0;
+    const int gate_up_blocks = out_.grid - topk_blocks;
     moe::ExpertsPlan plan;  // planned for the fewer blocks: down's shape then holds its lanes' items too
     if (Status s = moe::plan_experts_for_grid(m, gate_up_blocks, body_smem(), in_block, &plan); !s.ok())
       return Status(s.code(), detail::concat(layer_name(stages_[si].layer, "moe.gate_up"), ": ", s.message()));
@@ -351,7 +355,7 @@ class Lowering {
       g.ins.params.moe_stream = {e, plan.gate_up, maps};
       if (split) {
         g.ins.params.moe_stream.shape.set = moe::ExpertSet::kRouted;
-        if (skip_topk_block) g.lane0_after_previous = 0;  // from the shared stream's first block: the top-k's is left out
+        if (skip_topk_blocks) g.lane0_after_previous = 0;  // from the shared stream's first block: the top-k's are left out
       }
       if (in_block)  // the routing after the quantised input; lane 0 resets the combine's counters, reports bad ids
         g.info.accesses = {read(x_rows, true), ids, weights, chunks, flag, split ? mid_routed : act_mid};

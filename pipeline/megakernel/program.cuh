@@ -60,13 +60,13 @@ struct SplitKvOp {
 };
 struct RouterTopkOp {
   moe::RouterTopkParams p;
-  std::int32_t lane_width;  // experts per lane (1, 2, 4, 8, 16)
+  moe::TopkForm form;
 };
 struct RouterOp {
   moe::RouterGemvParams gemv;
   moe::RouterTopkParams topk;
   std::int32_t* counter;
-  std::int32_t lane_width;
+  std::int32_t lane_width;  // the warp form's experts per lane (1, 2, 4, 8, 16)
 };
 struct ExpertsOp {
   moe::ExpertsTileParams p;

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <vector>
 
@@ -10,6 +11,8 @@
 #include <encore/ops/moe.h>
 #include <encore/ref/moe.h>
 
+#include "common/body.cuh"
+#include "moe/moe_router_tile.cuh"
 #include "moe/moe_test_data.h"
 #include "test_util.h"
 
@@ -187,6 +190,99 @@ TEST(MoeTopkGpu, ExactTiesGroupingAndNonFinite) {
   for (int id : nan_route.ids) EXPECT_TRUE(id >= 0 && id < 256);
   EXPECT_EQ(nan_route.ids[0], 3);
   EXPECT_EQ(nan_route.ids[1], 100);
+}
+
+// ---- the top-k's two forms: a block per token gives the warp form's bits -------------------------
+
+template <class Form>
+__global__ void topk_in_form(const moe::RouterTopkParams p) {
+  extern __shared__ __align__(16) char smem[];
+  device::PdlWait wait;  // (no PDL launch: returns at once)
+  moe::router_topk_body<Form>(p, device::GridRange{}, smem, wait);
+}
+
+struct FormResult {
+  std::vector<int> ids;
+  std::vector<float> weights, logits;
+};
+
+// The top-k of `slices` partial logits per token (the router GEMV's layout), in the given form.
+FormResult topk_in(moe::TopkForm form, const MoeRoutingConfig& c, const std::vector<float>& partial, int slices,
+                   const std::vector<float>* sum_squares, const std::vector<float>* bias, int batch, const std::vector<int>* slots) {
+  DeviceBuffer<float> d_partial(partial), d_sq(sum_squares ? *sum_squares : std::vector<float>(1)),
+      d_bias(bias ? *bias : std::vector<float>(1));
+  DeviceBuffer<int> d_slots(slots ? *slots : std::vector<int>(1)), ids(std::size_t(batch) * c.top_k);
+  DeviceBuffer<float> weights(std::size_t(batch) * c.top_k), logits(std::size_t(batch) * c.num_experts);
+  moe::RouterTopkParams t{};
+  t.config = c, t.logits = d_partial.get(), t.slices = slices, t.batch = batch;
+  if (sum_squares) t.sum_squares = d_sq.get(), t.hidden = 2304, t.eps = 1e-6f;
+  t.bias = bias ? d_bias.get() : nullptr;
+  t.ids = ids.get(), t.weights = weights.get(), t.logits_out = logits.get();
+  t.slot_ids = slots ? d_slots.get() : nullptr;
+  const std::size_t smem = form.by_block ? moe::topk_block_smem_bytes(c.top_k) : moe::topk_warp_smem_bytes(c.num_experts);
+  moe::with_topk_form(form, [&](auto f) { topk_in_form<decltype(f)><<<moe::router_topk_tiles(batch, form), kBlockThreads, smem>>>(t); });
+  EXPECT_EQ(cudaSuccess, cudaGetLastError());
+  EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
+  return {ids.download(), weights.download(), logits.download()};
+}
+
+void expect_same_bits(const FormResult& a, const FormResult& b, const std::vector<int>& slots) {
+  EXPECT_EQ(a.ids, b.ids);
+  ASSERT_EQ(a.weights.size(), b.weights.size());
+  for (std::size_t i = 0; i < a.weights.size(); ++i)
+    ASSERT_EQ(std::memcmp(&a.weights[i], &b.weights[i], 4), 0) << "weight " << i << ": " << a.weights[i] << " vs " << b.weights[i];
+  const std::size_t E = a.logits.size() / slots.size();
+  for (std::size_t i = 0; i < a.logits.size(); ++i)  // (pad rows write no logits: both keep the poison)
+    if (slots[i / E] >= 0) ASSERT_EQ(std::memcmp(&a.logits[i], &b.logits[i], 4), 0) << "logit " << i;
+}
+
+TEST(MoeTopkGpu, BlockFormGivesTheWarpFormsBits) {
+  ENCORE_REQUIRE_GPU();
+  const auto seed = test::fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  struct Case {
+    int experts, top_k, batch, slices;
+    bool bias, norm, pads, biased_weights;
+  };
+  // 256 experts: one per thread; 384 and 512: two; 64: warps without experts; k = 1 and 16.
+  const Case cases[] = {{256, 8, 1, 3, true, true, false, false},  {256, 8, 13, 3, true, false, true, false},
+                        {256, 1, 5, 3, true, true, false, false},  {384, 16, 4, 2, false, true, true, true},
+                        {512, 8, 3, 5, true, false, false, false}, {64, 6, 9, 1, true, true, false, true},
+                        {256, 16, 2, 9, true, true, false, false}};
+  for (const Case& k : cases) {
+    SCOPED_TRACE(testing::Message() << "E " << k.experts << " k " << k.top_k << " batch " << k.batch);
+    MoeRoutingConfig c = MoeRoutingConfig::kimi_linear();
+    c.num_experts = k.experts, c.top_k = k.top_k, c.hf_remote_biased_weights = k.biased_weights;
+    if (k.top_k == 1) c.renormalize_top1 = false;
+    ASSERT_TRUE(moe::topk_fits_block(c));
+    auto partial = test::random_normal(std::size_t(k.slices) * k.batch * k.experts, rng, 0.f, 2.f);
+    const auto sum_squares = test::random_uniform(std::size_t(k.slices) * k.batch, rng, 100.f, 3000.f);
+    const auto bias = test::random_uniform(k.experts, rng, -0.2f, 0.2f);
+    // Exact ties across warps and a non-finite logit in the first token.
+    for (int s = 0; s < k.slices; ++s) {
+      float* row = partial.data() + std::size_t(s) * k.batch * k.experts;
+      row[1] = row[k.experts - 2] = row[k.experts / 2 + 3] = 0.75f;
+      if (k.experts > 40) row[40] = NAN;
+    }
+    std::vector<int> slots(k.batch);
+    for (int t = 0; t < k.batch; ++t) slots[t] = k.pads && t % 3 == 1 ? -1 : t;
+    const FormResult warp = topk_in({false, moe::topk_lane_width(k.experts)}, c, partial, k.slices, k.norm ? &sum_squares : nullptr,
+                                    k.bias ? &bias : nullptr, k.batch, &slots);
+    const FormResult block = topk_in(moe::topk_form(c), c, partial, k.slices, k.norm ? &sum_squares : nullptr, k.bias ? &bias : nullptr,
+                                     k.batch, &slots);
+    ASSERT_TRUE(moe::topk_form(c).by_block);
+    expect_same_bits(warp, block, slots);
+    for (int t = 0; t < k.batch; ++t)  // a real route: distinct in-range ids
+      if (slots[t] >= 0) {
+        const std::set<int> ids(block.ids.begin() + t * k.top_k, block.ids.begin() + (t + 1) * k.top_k);
+        EXPECT_EQ(int(ids.size()), k.top_k);
+        EXPECT_TRUE(*ids.begin() >= 0 && *ids.rbegin() < k.experts);
+      }
+  }
+  // Softmax scores and the group stage keep the warp form.
+  EXPECT_FALSE(moe::topk_form(MoeRoutingConfig::qwen3_moe()).by_block);
+  EXPECT_FALSE(moe::topk_form(MoeRoutingConfig::deepseek_v3()).by_block);
 }
 
 // Runs moe_router on device copies of `weight` (fp32 or bf16 bits), h and the optional bias and

@@ -223,20 +223,28 @@ TEST(MegakernelLower, ProloguesWaitOnlyForSettledData) {
   }
 }
 
-// Up to 8 tokens the top-k is one block, which reaches gate/up only once the routing is out; every
-// other block waits there for it. So gate/up leaves that block out and hands its items to the
-// others: all of them still run (the lanes stride by the lane count), and down takes every block,
-// its light lanes on the blocks with gate/up's heavy ones.
+// Kimi's top-k runs a block per token (sigmoid scores, no group stage); up to 8 tokens its blocks
+// reach gate/up only once the routing is out, and every other block waits there for it. So gate/up
+// leaves those blocks out and hands their items to the others: all of them still run (the lanes
+// stride by the lane count), and down takes every block, its light lanes on the blocks with
+// gate/up's heavy ones.
 TEST(MegakernelLower, SharedExpertsRunBesideTheRoutingAndTheTopkBlockSkipsGateUp) {
-  {  // Above one token gate/up stays one stream, right after the top-k, without the top-k's block.
+  {  // Above one token gate/up stays one stream, right after the top-k, without the top-k's blocks.
     const Program p = lowered(stages_of(ModelConfig::kimi_linear_48b(), 8, 16));
+    const int count = int(p.instructions.size());
     int layers = 0;
-    for (std::size_t i = 1; i < p.instructions.size(); ++i) {
+    for (int i = 1; i < count; ++i) {
       if (p.instructions[i].h.op != Opcode::kMoeGateUp) continue;
       ++layers;
       EXPECT_EQ(p.instructions[i].params.moe_stream.shape.set, moe::ExpertSet::kAll) << p.info[i].name;
-      EXPECT_EQ(p.instructions[i - 1].h.op, Opcode::kRouterTopk) << p.info[i].name;
-      EXPECT_EQ(p.instructions[i].h.tiles, p.grid - 1) << p.info[i].name;
+      ASSERT_EQ(p.instructions[i - 1].h.op, Opcode::kRouterTopk) << p.info[i].name;
+      EXPECT_EQ(p.instructions[i - 1].h.tiles, 8) << "a block per token";
+      EXPECT_EQ(p.instructions[i].h.tiles, p.grid - 8) << p.info[i].name;
+      for (int b = 0; b < p.grid; ++b) {
+        const std::uint16_t* row = p.schedule.data() + std::size_t(b) * (count + 1);
+        const auto runs = [&](int ins) { return std::find(row + 1, row + 1 + row[0], std::uint16_t(ins)) != row + 1 + row[0]; };
+        EXPECT_FALSE(runs(i - 1) && runs(i)) << p.info[i].name << ": block " << b << " runs the top-k and gate/up";
+      }
     }
     EXPECT_EQ(layers, ModelConfig::kimi_linear_48b().count(Mlp::kMoe));
   }
