@@ -228,8 +228,8 @@ __device__ __forceinline__ unsigned long long warp_max(unsigned long long key) {
 // A thread holds N consecutive experts first .. first + N - 1 (those below E are present).
 
 // The router's logits of the thread's experts for `token`: the slices' partials added in slice
-// order (loaded together: one round trip at the common slice counts), scaled by 1 / rms when the
-// RMSNorm is fused. The partials come from the GEMV tiles, of this launch in the fused body and the
+// order (loaded together with the caller's slot id: one round trip at the common slice counts),
+// scaled by 1 / rms when the RMSNorm is fused. The partials come from the GEMV tiles, of this launch in the fused body and the
 // megakernel: loads through L2 (ld.cg), never a stale L1 line; bias and slot ids are settled inputs.
 template <int N>
 __device__ __forceinline__ void load_scores(const RouterTopkParams& p, int token, int first, float (&score)[N], float (&bias)[N],
@@ -332,10 +332,11 @@ __device__ void router_topk_warp(const RouterTopkParams& p, int token, float* ch
   const ops::MoeRoutingConfig& c = p.config;
   const int lane = threadIdx.x % 32;
   const int E = c.num_experts;
+  const bool pad = device::is_pad_row(p.slot_ids, token);
   bool present[P];
   float score[P], bias[P];
   load_scores<P>(p, token, lane * P, score, bias, present);
-  if (device::is_pad_row(p.slot_ids, token)) return store_pad_slot(p, token, lane);  // no routing, no work downstream
+  if (pad) return store_pad_slot(p, token, lane);  // no routing, no work downstream
   float local_max = -INFINITY;
 #pragma unroll
   for (int i = 0; i < P; ++i)
@@ -444,10 +445,11 @@ template <int Q>
 __device__ void router_topk_block(const RouterTopkParams& p, int token, char* smem) {
   const ops::MoeRoutingConfig& c = p.config;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, first = int(threadIdx.x) * Q, k = c.top_k;
+  const bool pad = device::is_pad_row(p.slot_ids, token);
   bool present[Q];
   float score[Q], bias[Q];
   load_scores<Q>(p, token, first, score, bias, present);
-  if (device::is_pad_row(p.slot_ids, token)) return store_pad_slot(p, token, int(threadIdx.x));  // (block-uniform)
+  if (pad) return store_pad_slot(p, token, int(threadIdx.x));  // (block-uniform)
 #pragma unroll
   for (int i = 0; i < Q; ++i) {
     if (present[i] && p.logits_out) p.logits_out[std::int64_t(token) * c.num_experts + first + i] = score[i];
