@@ -35,12 +35,12 @@ __global__ void __launch_bounds__(kBlockThreads) router_topk_kernel(const __grid
 }
 
 // Logits and routing in one kernel (MoeRouterParams::counter): the last block to finish routes.
-template <int P>
+template <class Form>
 __global__ void __launch_bounds__(kBlockThreads) router_fused_kernel(const __grid_constant__ RouterGemvParams g,
                                                                      const __grid_constant__ RouterTopkParams t, int* counter) {
   extern __shared__ __align__(16) char smem[];
   device::PdlWait wait;
-  moe::router_fused_body<P>(g, t, counter, device::GridRange{}, smem, wait);
+  moe::router_fused_body<Form>(g, t, counter, device::GridRange{}, smem, wait);
 }
 
 // Prepare: the work list (tile 0) and the int8 activations of h (tiles 1..).
@@ -276,9 +276,9 @@ RouterTopkParams topk_params(const MoeRoutingConfig& c, const float* logits, int
 // One instantiation per experts-per-lane width (validate_routing_config bounds E by 512 = 32 x 16).
 Status launch_fused_router(const RouterGemvParams& g, const RouterTopkParams& t, int* counter, cudaStream_t stream) {
   const int tiles = moe::router_gemv_tiles(g);
-  const std::size_t smem = moe::router_fused_smem_bytes(t.config.num_experts);
-  return moe::with_lane_width(moe::topk_lane_width(t.config.num_experts), [&](auto p) {
-    return detail::launch(router_fused_kernel<decltype(p)::value>, tiles, smem, stream, true, "moe router kernel", g, t, counter);
+  const std::size_t smem = moe::router_fused_smem_bytes(t.config);
+  return moe::with_topk_form(moe::fused_topk_form(t.config, t.batch), [&](auto f) {
+    return detail::launch(router_fused_kernel<decltype(f)>, tiles, smem, stream, true, "moe router kernel", g, t, counter);
   });
 }
 
@@ -378,7 +378,8 @@ moe::RouterPlan router_plan(const MoeRouterParams& a) {
   r.topk_form = moe::topk_form(a.config);
   r.topk_smem = moe::router_topk_smem_bytes(a.config);
   r.counter = a.batch <= kMoeRouterOnePassMaxBatch ? a.counter : nullptr;
-  r.fused_smem = moe::router_fused_smem_bytes(a.config.num_experts);
+  r.fused_form = moe::fused_topk_form(a.config, a.batch);
+  r.fused_smem = moe::router_fused_smem_bytes(a.config);
   return r;
 }
 }  // namespace

@@ -19,7 +19,8 @@ struct RouterPlan {
   RouterTopkParams topk;
   TopkForm topk_form;        // the top-k body's form (its template parameter, with_topk_form)
   std::size_t topk_smem = 0;
-  int* counter = nullptr;   // set: one fused pass (router_fused_body), with fused_smem bytes
+  int* counter = nullptr;   // set: one fused pass (router_fused_body) in fused_form, with fused_smem bytes
+  TopkForm fused_form;
   std::size_t fused_smem = 0;
 };
 Status plan_router(const ops::MoeRouterParams& p, RouterPlan* out);

@@ -99,11 +99,17 @@ __host__ __device__ constexpr std::size_t topk_block_smem_bytes(int top_k) {
 __host__ __device__ inline std::size_t router_topk_smem_bytes(const ops::MoeRoutingConfig& c) {
   return topk_form(c).by_block ? topk_block_smem_bytes(c.top_k) : topk_warp_smem_bytes(c.num_experts);
 }
-// The fused body's: a flag, then the top-k's.
+// The fused body's last block routes every token of the batch: one token in the block form where
+// it fits, else a warp per token (the block form would route several tokens one after another).
+__host__ __device__ inline TopkForm fused_topk_form(const ops::MoeRoutingConfig& c, int batch) {
+  const TopkForm form = topk_form(c);
+  return form.by_block && batch == 1 ? form : TopkForm{false, topk_lane_width(c.num_experts)};
+}
+// The fused body's: a flag, then the top-k's (the warp form's is the larger).
 inline constexpr std::size_t kRouterFusedFlagBytes = 16;
-// (The fused body routes with the warp form: its last block routes every token at once.)
-__host__ __device__ constexpr std::size_t router_fused_smem_bytes(int num_experts) {
-  return kRouterFusedFlagBytes + topk_warp_smem_bytes(num_experts);
+__host__ __device__ inline std::size_t router_fused_smem_bytes(const ops::MoeRoutingConfig& c) {
+  const std::size_t warp = topk_warp_smem_bytes(c.num_experts), block = topk_block_smem_bytes(c.top_k);
+  return kRouterFusedFlagBytes + (warp > block ? warp : block);
 }
 
 // 8 consecutive router weights at `at` (a multiple of 8) as floats.
@@ -523,11 +529,11 @@ __device__ void router_topk_body(const RouterTopkParams& p, const Range& r, char
 }
 
 // Logits and routing in one pass (ops::MoeRouterParams::counter): the GEMV tiles of the range,
-// then the block whose arrival completes the count routes every token, a warp per token, and
+// then the block whose arrival completes the count routes every token (fused_topk_form) and
 // resets the counter. `smem`: router_fused_smem_bytes. Release: each block's sums are written
 // (barrier, fence) before it counts; acquire: the last block fences after counting, and the
 // top-k reads the sums through L2.
-template <int P, int kTok = kRouterTokensPerRound, class Range, class Wait>
+template <class Form, int kTok = kRouterTokensPerRound, class Range, class Wait>
 __device__ void router_fused_body(const RouterGemvParams& g, const RouterTopkParams& t, int* counter, const Range& r, char* smem,
                                   Wait& wait) {
   const int tiles = router_gemv_tiles(g);
@@ -552,9 +558,13 @@ __device__ void router_fused_body(const RouterGemvParams& g, const RouterTopkPar
   __syncthreads();
   if (!*last) return;
   static_assert(ops::kMoeRouterOnePassMaxBatch <= kWarpsPerBlock, "the one-pass form gives every token a warp of its own");
-  const int warp = threadIdx.x / 32;
-  float* choice = reinterpret_cast<float*>(smem + kRouterFusedFlagBytes) + warp * t.config.num_experts;
-  for (int token = warp; token < t.batch; token += kWarpsPerBlock) router_topk_warp<P>(t, token, choice);
+  if constexpr (Form::kByBlock) {  // (one token: fused_topk_form)
+    router_topk_block<Form::kPer>(t, 0, smem + kRouterFusedFlagBytes);
+  } else {
+    const int warp = threadIdx.x / 32;
+    float* choice = reinterpret_cast<float*>(smem + kRouterFusedFlagBytes) + warp * t.config.num_experts;
+    for (int token = warp; token < t.batch; token += kWarpsPerBlock) router_topk_warp<Form::kPer>(t, token, choice);
+  }
 }
 
 // Calls f(std::integral_constant<int, P>{}) for a lane width P of 1, 2, 4, 8 or 16 (larger: 16),

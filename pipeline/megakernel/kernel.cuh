@@ -225,8 +225,8 @@ __device__ __noinline__ void run_op(int slot, const TileRange r, CounterWait& wa
     moe::with_topk_form(op.form, [&](auto f) { moe::router_topk_body<decltype(f)>(op.p, r, smem, wait); });
   } else if constexpr (kOp == Opcode::kRouter) {
     const RouterOp& op = ins.params.router;
-    moe::with_lane_width(op.lane_width, [&](auto p) {
-      moe::router_fused_body<decltype(p)::value, kRouterTokensPerRound>(op.gemv, op.topk, op.counter, r, smem, wait);
+    moe::with_topk_form(op.form, [&](auto f) {
+      moe::router_fused_body<decltype(f), kRouterTokensPerRound>(op.gemv, op.topk, op.counter, r, smem, wait);
     });
   } else if constexpr (kOp == Opcode::kMoeList) {
     const moe::ExpertsTileParams& p = ins.params.moe_experts;

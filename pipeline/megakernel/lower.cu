@@ -268,7 +268,7 @@ class Lowering {
     if (r.logits) routing.push_back(bytes_of(r.logits, std::size_t(r.batch) * r.config.num_experts * 4, true));
     if (plan.counter) {  // one instruction: its last block routes (the counter is reset by it)
       Node& n = add(Opcode::kRouter, moe::router_gemv_tiles(plan.gemv), si, "moe.router", plan.fused_smem);
-      n.ins.params.router = {plan.gemv, plan.topk, plan.counter, moe::topk_lane_width(r.config.num_experts)};
+      n.ins.params.router = {plan.gemv, plan.topk, plan.counter, plan.fused_form};
       n.info.accesses = {h, ws, bytes_of(plan.counter, sizeof(std::int32_t), true)};
       n.info.accesses.insert(n.info.accesses.end(), routing.begin(), routing.end());
       return {};

@@ -66,7 +66,7 @@ struct RouterOp {
   moe::RouterGemvParams gemv;
   moe::RouterTopkParams topk;
   std::int32_t* counter;
-  std::int32_t lane_width;  // the warp form's experts per lane (1, 2, 4, 8, 16)
+  moe::TopkForm form;  // the last block's top-k (moe::fused_topk_form)
 };
 struct ExpertsOp {
   moe::ExpertsTileParams p;

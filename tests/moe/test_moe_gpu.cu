@@ -364,7 +364,7 @@ TEST(MoeRouterGpu, LogitsAndRoutingFromHiddenState) {
   std::vector<Case> cases;
   for (const bool bf16 : {true, false})
     for (MoeRoutingConfig c : {MoeRoutingConfig::kimi_linear(), MoeRoutingConfig::qwen3_moe()})
-      for (const int batch : {ops::kMoeRouterOnePassMaxBatch, 33}) cases.push_back({bf16, c, batch});
+      for (const int batch : {1, ops::kMoeRouterOnePassMaxBatch, 33}) cases.push_back({bf16, c, batch});
   for (const Case& k : cases) {
     const MoeRoutingConfig& c = k.config;
     const int E = c.num_experts, hidden = 2304, batch = k.batch;
