@@ -273,7 +273,7 @@ RouterTopkParams topk_params(const MoeRoutingConfig& c, const float* logits, int
   return t;
 }
 
-// One instantiation per experts-per-lane width (validate_routing_config bounds E by 512 = 32 x 16).
+// One instantiation per top-k form (validate_routing_config bounds E by 512 = 32 x 16).
 Status launch_fused_router(const RouterGemvParams& g, const RouterTopkParams& t, int* counter, cudaStream_t stream) {
   const int tiles = moe::router_gemv_tiles(g);
   const std::size_t smem = moe::router_fused_smem_bytes(t.config);

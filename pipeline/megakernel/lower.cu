@@ -297,7 +297,6 @@ class Lowering {
                                     nodes_.back().ins.h.tiles < out_.grid
                                 ? nodes_.back().ins.h.tiles
                                 : 0;
-    const bool skip_topk_blocks = topk_blocks > 0;
     const int gate_up_blocks = out_.grid - topk_blocks;
     moe::ExpertsPlan plan;  // planned for the fewer blocks: down's shape then holds its lanes' items too
     if (Status s = moe::plan_experts_for_grid(m, gate_up_blocks, body_smem(), in_block, &plan); !s.ok())
@@ -355,7 +354,7 @@ class Lowering {
       g.ins.params.moe_stream = {e, plan.gate_up, maps};
       if (split) {
         g.ins.params.moe_stream.shape.set = moe::ExpertSet::kRouted;
-        if (skip_topk_blocks) g.lane0_after_previous = 0;  // from the shared stream's first block: the top-k's are left out
+        if (topk_blocks > 0) g.lane0_after_previous = 0;  // from the shared stream's first block: the top-k's are left out
       }
       if (in_block)  // the routing after the quantised input; lane 0 resets the combine's counters, reports bad ids
         g.info.accesses = {read(x_rows, true), ids, weights, chunks, flag, split ? mid_routed : act_mid};
