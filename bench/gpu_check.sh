@@ -6,7 +6,9 @@
 #   bash bench/gpu_check.sh [OUT_DIR] [BENCH_FILTER]
 # Prints a short summary last; full logs go to OUT_DIR (default: $OUT, else ./out).
 # PARTS (default "tests sanitizers bench") picks the parts, so the work can be split across calls
-# of the device's 10-minute limit, e.g. PARTS="tests sanitizers" then PARTS=bench.
+# of the device's 10-minute limit, e.g. PARTS="tests sanitizers" then PARTS=bench. PARTS=items (not
+# a default) traces the megakernel on Kimi-Linear at 4K (batches 1, 4, 16) and prints its items'
+# times (bench/ab/item_times.py) and critical path.
 set -uo pipefail
 out=${1:-${OUT:-out}}
 filter=${2:-.}
@@ -36,7 +38,7 @@ declare -A small=(
   [kda]='KdaGpu.OneStep*:KdaGpu.SlotIsolationAndPadding:KdaGpu.BadSlotIdsLeaveStatesUntouched'
   [mla]='MlaGpu.MixedBatchAllHeadCounts:MlaGpu.AppendRopePositionsAndNopeCopy:MlaGpu.BadDeviceInputLeavesCacheUntouched:MlaGpu.HalfSm*:MlaGpu.AbsorbAndAppend*'
   [moe]='MoeTopkGpu.*:MoeRouterGpu.*:MoeExpertsGpu.Small*'
-  [pipeline]='Tiny/MegakernelTiny.*:Tiny/MegakernelTwoPerSm.*:Tiny/MegakernelGpu.RunsInsideACapturedGraph*:Tiny/PipelineGpu.GraphReplaysMatchEagerStepsBitForBit*:GeneratorTiny.*:PipelineGpuWide.*:MegakernelTinyWide.*:PipelineGpuInputs.GatherAndScheduler*'
+  [pipeline]='Tiny/MegakernelTiny.*:Tiny/MegakernelTwoPerSm.*:Tiny/MegakernelGpu.RunsInsideACapturedGraph*:Tiny/MegakernelGpu.TraceTimesAndMarksAreOrdered*:Tiny/PipelineGpu.GraphReplaysMatchEagerStepsBitForBit*:GeneratorTiny.*:PipelineGpuWide.*:MegakernelTinyWide.*:PipelineGpuInputs.GatherAndScheduler*'
   [sample]='GreedyGpu.*'
 )
 # One tool at a time: sanitizers running side by side ran out of the 80 GB of an H100.
@@ -69,3 +71,15 @@ if has bench; then
   python3 bench/summarize.py "$out/bench.json" > "$out/summary.txt" && head -1 "$out/summary.txt"
 fi
 
+if has items; then
+  # One item's weight bytes in Kimi-Linear: 64 (matrix, row) units x K / 256 blocks x 144 bytes.
+  bytes="moe.shared_gate_up=82944,moe.gate_up=82944,moe.down=36864"
+  build/bench/encore_ab --batches 1,4,16 --contexts 4096 --long 0 --rounds 3 --trace --out "$out/ab" > "$out/items_ab.log" 2>&1
+  echo "items: encore_ab rc=$? $(grep -c 'same bits' "$out/items_ab.log") points with the same bits"
+  for b in 1 4 16; do
+    echo "== batch $b"
+    python3 bench/ab/item_times.py "$out/ab/trace_b${b}_c4096" --item-bytes "$bytes" | head -16
+    python3 bench/ab/critical_path.py "$out/ab/trace_b${b}_c4096" > "$out/critical_b$b.txt" 2>&1
+  done
+  python3 bench/ab/item_times.py "$out/ab/trace_b1_c4096" --layer 10 > "$out/items_b1_layer10.txt" 2>&1
+fi

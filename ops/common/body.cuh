@@ -58,6 +58,45 @@ struct PdlWait {
   }
 };
 
+// Marks a body leaves in a traced megakernel launch (Megakernel::trace, per block): where its items
+// (expert stream items, GEMV tiles) began, first had weights and ended. Only a wait policy that
+// records them has mark() / marking(); with the others (the standalone kernels) these calls compile
+// to nothing. Thread 0 records; the other threads' calls are no-ops.
+enum class Mark : std::uint32_t {
+  kStreamReady,  // the body's set-up is done (work list, activations, first weights issued)
+  kItemBegin,    // item `item` starts
+  kItemWeights,  // warp 0 has the item's first weights (value: the item's expert)
+  kItemEnd,      // the block is done with the item (value: ns warp 0 waited for its weights)
+  kCombine,      // the down stream's ordered combine starts (value: row chunks it combines)
+};
+
+// Whether a wait policy records marks at all (the megakernel's, in every launch; it marks only in
+// trace mode).
+template <class Wait>
+concept Marks = requires(Wait& wait, Mark m) {
+  wait.marking();
+  wait.mark(m, 0, 0u);
+};
+
+template <class Wait>
+__device__ __forceinline__ bool marking(const Wait& wait) {
+  if constexpr (Marks<Wait>)
+    return wait.marking();
+  else
+    return false;
+}
+
+template <class Wait>
+__device__ __forceinline__ void mark(Wait& wait, Mark m, int item, std::uint32_t value = 0) {
+  if constexpr (Marks<Wait>) wait.mark(m, item, value);
+}
+
+__device__ __forceinline__ std::uint64_t global_ns() {
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 // Invalidates `count` mbarriers (one thread; every phase complete, no copy in flight).
 __device__ __forceinline__ void barrier_inval(std::uint64_t* bars, int count) {
   for (int i = 0; i < count; ++i)

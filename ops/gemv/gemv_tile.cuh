@@ -49,13 +49,16 @@ __device__ void gemv_body(const GemvTileParams& p, const Range& r, char* smem, W
   TileState state;
   state.pipe = start_weight_pipe<NMAT, kMma>(p, s, r.first(), r.stride());
   wait();
-  for (std::int64_t tile = r.first(); tile < tiles; tile += r.stride()) {
+  int item = 0;  // (trace mode: the block's tiles, counted)
+  for (std::int64_t tile = r.first(); tile < tiles; tile += r.stride(), ++item) {
+    device::mark(wait, device::Mark::kItemBegin, item);
     if constexpr (C == Core::kMmaF16)
       gemv_tile_mma_f16<NTOK, NMAT>(p, tile, s, state);
     else if constexpr (C == Core::kMmaS8)
       gemv_tile_mma<NTOK, NMAT>(p, tile, s, state);
     else
       gemv_tile<NTOK, NMAT, rows_per_group(NTOK, NMAT)>(p, tile, s, state);
+    device::mark(wait, device::Mark::kItemEnd, item);  // (warp 0's end of the tile)
   }
   if constexpr (Wait::kSharedMemoryReused) {
     __syncwarp();

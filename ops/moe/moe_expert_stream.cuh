@@ -170,6 +170,7 @@ struct ExpertStream {
   int fill_item = 0, fill_piece = 0;
   int slot = 0;
   std::uint32_t phase = 0;
+  std::uint32_t waited_ns = 0;  // (trace mode, thread 0) warp 0's wait for the last item's weights
 
   // Fills the item table from the work list and starts the weight ring: weights depend only on
   // the items. The work list comes from the prepare kernel, or is built here from the routing;
@@ -280,8 +281,11 @@ struct ExpertStream {
   }
 
   // Item k: acc[t] = this group's row . entry t's activations (t < entries), summed over the
-  // group. Refills each buffer it frees.
-  __device__ int4 compute_item(int k, float (&acc)[kTokensPerPass]) {
+  // group. Refills each buffer it frees. A wait policy with marks (device::Marks, the megakernel's):
+  // in trace mode, marks when warp 0 has the item's first weights and keeps in `waited_ns` how long
+  // warp 0 waited for them (standalone kernels compile none of it).
+  template <class Wait>
+  __device__ int4 compute_item(int k, float (&acc)[kTokensPerPass], Wait& wait) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4, group = lane / 4;
     // Group g holds unit (matrix g % NMAT, row g / NMAT of the warp's box).
     const int row_offset = (group % NMAT) * shape.box_stride() + (group / NMAT) * shape.pitch();
@@ -295,8 +299,19 @@ struct ExpertStream {
     const q4k::PairUnpack unpack = q4k::pair_unpack(quad);
 #pragma unroll
     for (int t = 0; t < kTokensPerPass; ++t) acc[t] = 0.f;
+    if constexpr (device::Marks<Wait>) waited_ns = 0;
     for (int st = 0; st < spi; ++st) {
-      device::barrier_wait(&s.full[warp * kMaxRingSlots + slot], phase);
+      if constexpr (device::Marks<Wait>) {
+        const bool timed = device::marking(wait);
+        const std::uint64_t before = timed ? device::global_ns() : 0;
+        device::barrier_wait(&s.full[warp * kMaxRingSlots + slot], phase);
+        if (timed) {
+          waited_ns += std::uint32_t(device::global_ns() - before);
+          if (st == 0) device::mark(wait, device::Mark::kItemWeights, k, std::uint32_t(item.x));
+        }
+      } else {
+        device::barrier_wait(&s.full[warp * kMaxRingSlots + slot], phase);
+      }
       const char* row = buffer(slot) + row_offset;
       const int kb0 = st * shape.slot_blocks, nb = min(shape.slot_blocks, shape.k_blocks - kb0);
       for (int jl = 0; jl < nb; ++jl) {
@@ -353,10 +368,12 @@ __device__ inline void gate_up_body(const ExpertsTileParams& p, const StreamShap
   // (the prepare kernel's job otherwise; the routed stream's when gate/up is split)
   if (kInBlock && !stream_runs<kSet>(shape.set, ExpertSet::kShared) && r.first() == 0) reset_chunk_counters(p);
   stream.start_activations(p);
+  device::mark(wait, device::Mark::kStreamReady, -1);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, unit = warp * 8 + lane / 4;
   for (int k = 0; k < stream.items; ++k) {
     float acc[kTokensPerPass];
-    const int4 item = stream.compute_item(k, acc);
+    device::mark(wait, device::Mark::kItemBegin, k);
+    const int4 item = stream.compute_item(k, acc, wait);
     const int count = item.z, row_group = item.w;
     float* mid = stream.s.mid + (k % 2) * shape.tokens * kGateUpRows;  // two items' worth: one barrier per item
 #pragma unroll
@@ -367,6 +384,7 @@ __device__ inline void gate_up_body(const ExpertsTileParams& p, const StreamShap
       if (unit % 2 == 0 && lane % 4 == t % 4) mid[t * kGateUpRows + unit / 2] = g / (1.f + expf(-g)) * u;
     }
     __syncthreads();
+    device::mark(wait, device::Mark::kItemEnd, k, stream.waited_ns);
     stream.refill_activations(k);
     // Warp t quantises entry t's 32 values: rows 32*row_group.. are sub-block row_group % 8 of
     // 256-value block row_group / 8 of the entry's activations.
@@ -390,10 +408,12 @@ __device__ inline void down_body(const ExpertsTileParams& p, const StreamShape& 
   ExpertStream<1, kInBlock> stream(p, shape, maps, smem, down_row_chunks(p.hidden), r.first(), r.stride());
   wait();  // act_mid comes from the gate/up kernel
   stream.start_activations(p);
+  device::mark(wait, device::Mark::kStreamReady, -1);
   const int lane = threadIdx.x % 32, unit = threadIdx.x / 4;
   for (int k = 0; k < stream.items; ++k) {
     float acc[kTokensPerPass];
-    const int4 item = stream.compute_item(k, acc);
+    device::mark(wait, device::Mark::kItemBegin, k);
+    const int4 item = stream.compute_item(k, acc, wait);
     const std::int64_t row = std::int64_t(item.w) * kDownRows + unit;
 #pragma unroll
     for (int t = 0; t < kTokensPerPass; ++t) {
@@ -401,6 +421,7 @@ __device__ inline void down_body(const ExpertsTileParams& p, const StreamShape& 
       if (lane % 4 == t % 4) p.y[(item.y + t) * std::int64_t(p.hidden) + row] = acc[t];
     }
     __syncthreads();
+    device::mark(wait, device::Mark::kItemEnd, k, stream.waited_ns);
     stream.refill_activations(k);
   }
 
@@ -425,6 +446,7 @@ __device__ inline void down_body(const ExpertsTileParams& p, const StreamShape& 
   }
   __syncthreads();
   const int count = chunks[0];
+  device::mark(wait, device::Mark::kCombine, -1, std::uint32_t(count));
   if (count > 0) {
     const CombineLists lists =
         stage_combine_lists(p, stream.list, stream.s.ring + combine_chunk_list_bytes(shape.max_items));

@@ -62,11 +62,7 @@ __device__ __forceinline__ void fence_acquire() { asm volatile("fence.acq_rel.gp
 __device__ __forceinline__ void add_release(std::uint32_t* p, std::uint32_t v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
-__device__ __forceinline__ std::uint64_t global_ns() {
-  std::uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+using encore::device::global_ns;
 __device__ __forceinline__ bool reached(std::uint32_t seen, std::uint32_t target) { return std::int32_t(seen - target) >= 0; }
 
 __device__ __forceinline__ std::uint32_t mix(std::uint32_t x) {
@@ -130,11 +126,20 @@ struct CounterWait {
   std::uint32_t step;
   int instruction, lane;
   bool waited = false;
+  std::uint32_t marks = 0;  // (thread 0, trace mode) the block's marks so far in this launch
   __device__ __forceinline__ void operator()() {
     if (waited) return;
     waited = true;
     wait_deps(a, deps, count, step, instruction, lane);
     if (a.trace && threadIdx.x == 0) a.trace[std::int64_t(instruction) * gridDim.x + blockIdx.x].ready = global_ns();
+  }
+  // The bodies' marks (device::mark): thread 0 appends to its block's list.
+  __device__ __forceinline__ bool marking() const { return a.marks != nullptr && threadIdx.x == 0; }
+  __device__ __forceinline__ void mark(device::Mark m, int item, std::uint32_t value) {
+    if (!marking()) return;
+    if (marks < std::uint32_t(kMarksPerBlock))
+      a.marks[std::int64_t(blockIdx.x) * kMarksPerBlock + marks] = {global_ns(), value, instruction, item, std::uint32_t(m)};
+    ++marks;
   }
 };
 
@@ -302,6 +307,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) megakernel(const 
     return a.count;
   };
   int cursor = 0, slot = 0;
+  std::uint32_t marks = 0;  // (trace mode) carried from one instruction's wait policy to the next
   int i = instruction_at(0, cursor);
   if (i < a.count) stage_instruction(a, i, layout.slots[0]);
   for (int k = 0; i < a.count; ++k) {
@@ -315,11 +321,12 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) megakernel(const 
     if (a.trace && threadIdx.x == 0) a.trace[std::int64_t(i) * grid + blockIdx.x].start = global_ns();
     CounterWait early{a, ins.deps, h.early_deps, step, i, lane};
     early();
-    CounterWait late{a, ins.deps + h.early_deps, h.late_deps, step, i, lane};
+    CounterWait late{a, ins.deps + h.early_deps, h.late_deps, step, i, lane, false, marks};
     // Lanes stride by the instruction's lane count: an instruction may leave blocks out (the MoE
     // gate/up skips the top-k's blocks), and its dynamic items must still all be taken.
     run<NTOK>(slot, h.op, TileRange{lane, min(grid, int(h.tiles))}, late);
     late();  // (a body that had nothing to read may not have waited: its signal must still imply its producers')
+    marks = late.marks;
     if (stress) __nanosleep(mix(a.stress_seed + 977u * step + 131u * i + blockIdx.x) % 4096u);
     encore::device::fence_proxy_async();  // this body's generic smem writes, before the next body's copies
     __syncthreads();
@@ -327,6 +334,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) megakernel(const 
     if (a.trace && threadIdx.x == 0) a.trace[std::int64_t(i) * grid + blockIdx.x].end = global_ns();
     i = next, slot ^= 1;
   }
+  if (a.marks && threadIdx.x == 0) a.mark_counts[blockIdx.x] = marks;
   // The last block out of the step advances the step counter for the next launch.
   if (threadIdx.x == 0) {
     const std::uint32_t out = atomicAdd(&a.step[1], 1u) + 1u;

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/body.cuh"
 #include "common/cuda_check.h"
 #include "common/block.h"
 #include "common/launch.h"
@@ -21,20 +22,32 @@ using megakernel::Instruction;
 using megakernel::KernelArgs;
 using megakernel::WaitReport;
 
+// The public marks are the bodies' (common/body.cuh), value for value.
+static_assert(int(MegakernelMark::kStreamReady) == int(device::Mark::kStreamReady) &&
+              int(MegakernelMark::kItemBegin) == int(device::Mark::kItemBegin) &&
+              int(MegakernelMark::kItemWeights) == int(device::Mark::kItemWeights) &&
+              int(MegakernelMark::kItemEnd) == int(device::Mark::kItemEnd) && int(MegakernelMark::kCombine) == int(device::Mark::kCombine));
+
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
 // The megakernel's one device allocation: program | schedule | map table | step counters, one
-// counter per instruction | wait reports | trace.
+// counter per instruction | wait reports | (trace mode) trace | marks | mark counts.
 struct DeviceLayout {
-  std::size_t schedule = 0, maps = 0, counters = 0, counters_bytes = 0, report = 0, trace = 0, total = 0;
-  DeviceLayout(int instructions, int map_slots, int grid, int trace_entries) {
+  std::size_t schedule = 0, maps = 0, counters = 0, counters_bytes = 0, report = 0, trace = 0, marks = 0, mark_counts = 0, total = 0;
+  DeviceLayout(int instructions, int map_slots, int grid, bool traced) {
     schedule = round_up(std::size_t(instructions) * sizeof(Instruction), 128);
     maps = round_up(schedule + std::size_t(grid) * (instructions + 1) * sizeof(std::uint16_t), 128);
     counters = round_up(maps + std::size_t(map_slots) * sizeof(CUtensorMap), 128);
     counters_bytes = (std::size_t(instructions) + 1) * megakernel::kCounterStride * sizeof(std::uint32_t);  // step line, then one per instruction
     report = round_up(counters + counters_bytes, 128);
     trace = round_up(report + std::size_t(grid) * sizeof(WaitReport), 128);
-    total = trace + std::size_t(trace_entries) * sizeof(megakernel::TraceEntry);
+    if (!traced) {
+      total = trace;
+      return;
+    }
+    marks = round_up(trace + std::size_t(instructions) * grid * sizeof(megakernel::TraceEntry), 128);
+    mark_counts = marks + std::size_t(grid) * megakernel::kMarksPerBlock * sizeof(megakernel::MarkEntry);
+    total = mark_counts + std::size_t(grid) * sizeof(std::uint32_t);
   }
 };
 
@@ -59,8 +72,7 @@ Status Megakernel::build(Pipeline& pipeline, Megakernel& out, const MegakernelOp
   // Lowered twice: first to size the device allocation, then with the map table's real address.
   megakernel::Program program;
   ENCORE_RETURN_IF_ERROR(megakernel::lower(stages, target, nullptr, &program));
-  const int traced = options.trace ? int(program.instructions.size()) * program.grid : 0;
-  const DeviceLayout layout(int(program.instructions.size()), megakernel::map_slots_bound(stages), program.grid, traced);
+  const DeviceLayout layout(int(program.instructions.size()), megakernel::map_slots_bound(stages), program.grid, options.trace);
   void* device = nullptr;
   ENCORE_CUDA_TRY(cudaMalloc(&device, layout.total));
   Megakernel mk;
@@ -110,7 +122,8 @@ Status Megakernel::build(Pipeline& pipeline, Megakernel& out, const MegakernelOp
   mk.kernel_ = kernel;
   mk.grid_ = program.grid, mk.tokens_ = program.tokens, mk.count_ = count, mk.smem_ = program.smem;
   mk.counters_offset_ = layout.counters, mk.counters_bytes_ = layout.trace - layout.counters, mk.report_offset_ = layout.report;
-  mk.trace_offset_ = traced ? layout.trace : 0;
+  mk.trace_offset_ = options.trace ? layout.trace : 0;
+  mk.marks_offset_ = layout.marks, mk.mark_counts_offset_ = layout.mark_counts;
   mk.schedule_offset_ = layout.schedule;
   mk.timeout_ns_ = std::uint64_t(options.wait_timeout_ms) * 1000000ull;
   mk.stress_seed_ = options.stress ? (options.stress_seed ? options.stress_seed : 1u) : 0u;
@@ -140,8 +153,12 @@ Status Megakernel::launch(cudaStream_t stream) const {
   args.wait_timeout_ns = timeout_ns_;
   args.stress_seed = stress_seed_;
   args.trace = trace_offset_ ? reinterpret_cast<megakernel::TraceEntry*>(base + trace_offset_) : nullptr;
-  if (args.trace)  // blocks without a tile of an instruction leave its entry zero
+  if (args.trace) {  // blocks without a tile of an instruction leave its entry zero
     ENCORE_CUDA_TRY(cudaMemsetAsync(args.trace, 0, std::size_t(count_) * grid_ * sizeof(megakernel::TraceEntry), stream));
+    args.marks = reinterpret_cast<megakernel::MarkEntry*>(base + marks_offset_);
+    args.mark_counts = reinterpret_cast<std::uint32_t*>(base + mark_counts_offset_);
+    ENCORE_CUDA_TRY(cudaMemsetAsync(args.mark_counts, 0, std::size_t(grid_) * sizeof(std::uint32_t), stream));  // (a block that exits early writes none)
+  }
   void* params[] = {&args};
   ENCORE_CUDA_TRY(cudaLaunchCooperativeKernel(kernel_, dim3(grid_), dim3(kBlockThreads), params, smem_, stream));
   return detail::check_launch("megakernel");
@@ -183,9 +200,17 @@ Status Megakernel::trace(cudaStream_t stream, std::vector<MegakernelInstructionT
   ENCORE_CUDA_TRY(cudaStreamSynchronize(stream));
   std::vector<megakernel::TraceEntry> t(std::size_t(count_) * grid_);
   ENCORE_CUDA_TRY(cudaMemcpy(t.data(), static_cast<char*>(device_.get()) + trace_offset_, t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost));
+  std::vector<std::uint32_t> counts(std::size_t(grid_), 0);
+  ENCORE_CUDA_TRY(cudaMemcpy(counts.data(), static_cast<char*>(device_.get()) + mark_counts_offset_, counts.size() * sizeof(counts[0]),
+                             cudaMemcpyDeviceToHost));
+  std::vector<megakernel::MarkEntry> marks(std::size_t(grid_) * megakernel::kMarksPerBlock);
+  ENCORE_CUDA_TRY(cudaMemcpy(marks.data(), static_cast<char*>(device_.get()) + marks_offset_, marks.size() * sizeof(marks[0]),
+                             cudaMemcpyDeviceToHost));
   std::uint64_t origin = ~0ull;
   for (const auto& e : t)
     if (e.start) origin = std::min(origin, e.start);
+  auto us = [&](std::uint64_t ns) { return (double(ns) - double(origin)) * 1e-3; };
+  std::vector<int> entry(t.size(), -1);  // (instruction, block) -> its index in out[instruction].per_block
   out.assign(std::size_t(count_), MegakernelInstructionTime{});
   for (int i = 0; i < count_; ++i) {
     MegakernelInstructionTime& m = out[i];
@@ -197,13 +222,29 @@ Status Megakernel::trace(cudaStream_t stream, std::vector<MegakernelInstructionT
       start = std::min(start, e.start), first = std::min(first, e.ready), last = std::max(last, e.ready), end = std::max(end, e.end);
     }
     if (!m.blocks) continue;
-    auto us = [&](std::uint64_t ns) { return double(ns - origin) * 1e-3; };
     m.start = us(start), m.first_ready = us(first), m.last_ready = us(last), m.end = us(end);
     for (int b = 0; b < grid_; ++b) {
       const megakernel::TraceEntry& e = t[std::size_t(i) * grid_ + b];
-      if (e.start) m.per_block.push_back({b, us(e.start), us(e.ready), us(e.end)});
+      if (!e.start) continue;
+      entry[std::size_t(i) * grid_ + b] = int(m.per_block.size());
+      m.per_block.push_back({b, us(e.start), us(e.ready), us(e.end), {}});
     }
   }
+  // The bodies' marks, to the (instruction, block) entries they were made in.
+  std::uint64_t dropped = 0;
+  for (int b = 0; b < grid_; ++b) {
+    const std::uint32_t n = std::min<std::uint32_t>(counts[b], megakernel::kMarksPerBlock);
+    for (std::uint32_t j = 0; j < n; ++j) {
+      const megakernel::MarkEntry& e = marks[std::size_t(b) * megakernel::kMarksPerBlock + j];
+      const int at = e.instruction >= 0 && e.instruction < count_ ? entry[std::size_t(e.instruction) * grid_ + b] : -1;
+      ENCORE_REQUIRE(at >= 0 && e.mark <= std::uint32_t(MegakernelMark::kCombine), StatusCode::kCudaError, "Megakernel::trace: block ",
+                     b, "'s mark ", j, " (kind ", e.mark, ") names instruction ", e.instruction, ", which the block did not run");
+      out[e.instruction].per_block[at].marks.push_back({MegakernelMark(e.mark), e.item, us(e.ns), e.value});
+    }
+    dropped += counts[b] - n;
+  }
+  ENCORE_REQUIRE(dropped == 0, StatusCode::kOutOfRange, "Megakernel::trace: ", dropped, " marks did not fit the ",
+                 megakernel::kMarksPerBlock, " a block keeps (the times are complete; the marks list only the first)");
   return {};
 }
 

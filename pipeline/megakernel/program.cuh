@@ -128,6 +128,17 @@ struct TraceEntry {
   std::uint64_t start, ready, end;
 };
 
+// Trace mode, the bodies' marks (common/body.cuh, device::Mark): per block, up to kMarksPerBlock in
+// the order they were made; the block's count (which may exceed the capacity: the rest are lost)
+// is written when it leaves the launch.
+struct MarkEntry {
+  std::uint64_t ns;
+  std::uint32_t value;
+  std::int32_t instruction, item;
+  std::uint32_t mark;
+};
+inline constexpr int kMarksPerBlock = 4096;
+
 // The kernel's shared memory: two instruction slots, the block's schedule (the instructions it has
 // a tile of, in order), then what the bodies carve (split-KV aligns its part itself). Small: the
 // largest bodies leave only about 2 KB of the block's shared memory free.
@@ -157,6 +168,8 @@ struct KernelArgs {
   std::uint64_t wait_timeout_ns;  // 0: unbounded
   std::uint32_t stress_seed;      // nonzero: permuted lanes and random producer delays
   TraceEntry* trace;              // [count][grid], or null
+  MarkEntry* marks;               // [grid][kMarksPerBlock] (with trace), or null
+  std::uint32_t* mark_counts;     // [grid]
 };
 
 }  // namespace encore::pipeline::megakernel

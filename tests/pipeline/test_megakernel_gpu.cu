@@ -2,8 +2,9 @@
 // positions, lengths and pad rows, each step runs from the same state through both paths and the
 // logits, KDA states and MLA caches must agree bit for bit (the tiny models at their maximum batch
 // and at batch 1, the same with the stress mode's permuted lanes and delayed producers, and the
-// Kimi-Linear preset at batch 1 and 16). Also: the launch captured in a CUDA graph, the bounded
-// wait's report on a broken program, and build errors reported before anything runs.
+// Kimi-Linear preset at batch 1 and 16). Also: the launch captured in a CUDA graph, the trace's
+// times and marks, the bounded wait's report on a broken program, and build errors reported
+// before anything runs.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -275,6 +276,72 @@ TEST_P(MegakernelGpu, RunsInsideACapturedGraph) {
   CUDA_OK(cudaGraphExecDestroy(exec));
   CUDA_OK(cudaGraphDestroy(g));
   ENCORE_OK(mk.read_status(stream));
+}
+
+// The trace: every block's times are ordered, the bodies' marks lie inside the block's run in
+// order, the GEMVs mark each of their tiles once, every expert stream block marks its set-up,
+// and a traced launch gives the untraced launch's bits.
+TEST_P(MegakernelGpu, TraceTimesAndMarksAreOrdered) {
+  Megakernel plain, traced;
+  ENCORE_OK(Megakernel::build(*p, plain));
+  MegakernelOptions o;
+  o.trace = true;
+  ENCORE_OK(Megakernel::build(*p, traced, o));
+  std::vector<MegakernelInstructionTime> t;
+  EXPECT_EQ(plain.trace(stream, t).code(), StatusCode::kInvalidArgument);  // not built with options.trace
+
+  const std::size_t n = std::size_t(p->batch()) * p->config().vocab;
+  std::vector<float> logits[2];
+  const Megakernel* paths[2] = {&plain, &traced};
+  for (int k = 0; k < 2; ++k) {
+    ENCORE_OK(p->set_step(StepPlan{p->batch(), 4, 4}.at(0, p->config())));
+    ENCORE_OK(p->reset_state(stream));
+    CUDA_OK(cudaMemsetAsync(const_cast<float*>(p->logits()), 0xFF, n * 4, stream));
+    ENCORE_OK(paths[k]->run(stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    logits[k].resize(n);
+    CUDA_OK(cudaMemcpy(logits[k].data(), p->logits(), n * 4, cudaMemcpyDeviceToHost));
+  }
+  EXPECT_TRUE(test::bitwise_equal(logits[0].data(), logits[1].data(), n * 4));
+
+  ENCORE_OK(traced.trace(stream, t));
+  ASSERT_EQ(t.size(), traced.program().size());
+  int streams = 0, tiled = 0;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    SCOPED_TRACE(traced.program()[i].name);
+    const MegakernelInstructionTime& m = t[i];
+    ASSERT_GT(m.blocks, 0);
+    ASSERT_EQ(m.per_block.size(), std::size_t(m.blocks));
+    EXPECT_LE(m.start, m.first_ready);
+    EXPECT_LE(m.first_ready, m.last_ready);
+    EXPECT_LE(m.last_ready, m.end);
+    int ends = 0, readies = 0;
+    for (const MegakernelBlockTime& b : m.per_block) {
+      EXPECT_LE(b.start, b.ready);
+      EXPECT_LE(b.ready, b.end);
+      double last = b.ready;
+      std::vector<int> begun;
+      for (const MegakernelMarkTime& k : b.marks) {
+        EXPECT_GE(k.us, last) << "marks out of order on block " << b.block;
+        EXPECT_LE(k.us, b.end);
+        last = k.us;
+        if (k.mark == MegakernelMark::kStreamReady) ++readies;
+        if (k.mark == MegakernelMark::kItemBegin) begun.push_back(k.item);
+        if (k.mark == MegakernelMark::kItemWeights || k.mark == MegakernelMark::kItemEnd)
+          EXPECT_TRUE(!begun.empty() && begun.back() == k.item) << "an item marked before it began, block " << b.block;
+        if (k.mark == MegakernelMark::kItemEnd) ++ends;
+      }
+    }
+    if (readies > 0) {  // an expert stream: every block set up once
+      ++streams;
+      EXPECT_EQ(readies, m.blocks);
+    } else if (ends > 0) {  // a GEMV: each tile once
+      ++tiled;
+      EXPECT_EQ(ends, traced.program()[i].tiles);
+    }
+  }
+  EXPECT_GT(streams, 0);
+  EXPECT_GT(tiled, 0);
 }
 
 // A program with a dependency that can never be met: the bounded wait names it, the launch ends,

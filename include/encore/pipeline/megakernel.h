@@ -62,9 +62,25 @@ struct MegakernelInstruction {
 
 // Where one instruction's time went in the last traced launch (us from the launch's first block
 // start): the earliest arrival, the first and last release by its producers, the last signal.
+// What a body marked on one block (thread 0) inside an instruction: expert stream items and GEMV
+// tiles (docs/megakernel.md §3, "Trace").
+enum class MegakernelMark {
+  kStreamReady,  // the stream's set-up is done (work list, activations, first weights issued)
+  kItemBegin,    // item `item` (the block's k-th) starts
+  kItemWeights,  // warp 0 has the item's first weights; value: the item's expert (expert streams)
+  kItemEnd,      // the block is done with the item; value: ns warp 0 waited for its weights
+  kCombine,      // the down stream's ordered combine starts; value: row chunks it combines
+};
+struct MegakernelMarkTime {
+  MegakernelMark mark = MegakernelMark::kItemBegin;
+  int item = -1;
+  double us = 0;             // from the launch's first block start, as the block times
+  std::uint32_t value = 0;
+};
 struct MegakernelBlockTime {
   int block = 0;
   double start = 0, ready = 0, end = 0;  // reached the instruction, passed its wait, signalled
+  std::vector<MegakernelMarkTime> marks;  // in the order made
 };
 struct MegakernelInstructionTime {
   double start = 0, first_ready = 0, last_ready = 0, end = 0;
@@ -94,7 +110,9 @@ class Megakernel final : public DecodeStep {
   // with Pipeline::reset_state before the next step).
   Status read_status(cudaStream_t stream);
 
-  // The last launch's timeline (options.trace): one entry per instruction. Synchronises `stream`.
+  // The last launch's timeline (options.trace): one entry per instruction, with the marks its
+  // bodies made per block. Synchronises `stream`. kOutOfRange, with `out` filled, when a block made
+  // more marks than it keeps (the first ones are listed).
   Status trace(cudaStream_t stream, std::vector<MegakernelInstructionTime>& out) const;
 
   int batch() const override { return batch_; }
@@ -108,12 +126,13 @@ class Megakernel final : public DecodeStep {
     void operator()(void* p) const;
   };
   Pipeline* pipeline_ = nullptr;
-  // program | schedule | map table | counters | wait reports | trace, one allocation
+  // program | schedule | map table | counters | wait reports | trace | marks, one allocation
   std::unique_ptr<void, DeviceFree> device_;
   const void* kernel_ = nullptr;
   int grid_ = 0, tokens_ = 1, count_ = 0, batch_ = 0;
   std::size_t smem_ = 0;
   std::size_t counters_offset_ = 0, counters_bytes_ = 0, report_offset_ = 0, trace_offset_ = 0, schedule_offset_ = 0;
+  std::size_t marks_offset_ = 0, mark_counts_offset_ = 0;
   std::uint64_t timeout_ns_ = 0;
   std::uint32_t stress_seed_ = 0;
   bool copies_inputs_ = true;
