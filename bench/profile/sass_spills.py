@@ -2,8 +2,11 @@
 """Where a CUDA object's register spills sit: per device function, its local loads and stores
 (LDL / STL) in all and inside innermost loops (a backward branch whose range holds no other).
 Spills at a call boundary cost once per call; spills inside an inner loop cost every iteration.
-Works on the CPU machine. Usage:
-  sass_spills.py [--match SUBSTRING] OBJECT.o [OBJECT.o ...]
+With --all, every function with its code size (16 bytes an instruction), names demangled: the
+megakernel's bodies are run_op<Opcode N, tokens> (pipeline/megakernel/program.cuh numbers the
+opcodes), whose code an SM fetches again each call (docs/megakernel.md §4). Works on the CPU
+machine. Usage:
+  sass_spills.py [--all] [--match SUBSTRING] OBJECT.o [OBJECT.o ...]
 Needs cuobjdump (CUDA toolkit, or the PyPI wheel nvidia-cuda-cuobjdump): $CUOBJDUMP or PATH."""
 import os
 import re
@@ -45,10 +48,24 @@ def spills(body):
     return len(body), len(loads), sum(map(in_inner, loads)), len(stores), sum(map(in_inner, stores))
 
 
+def demangled(names):
+    tool = shutil.which("c++filt")
+    if not tool:
+        return names
+    out = subprocess.run([tool], input="\n".join(names), check=True, capture_output=True, text=True).stdout
+    # (the separately compiled units' internal prefixes and anonymous namespaces say nothing)
+    return [re.sub(r"_INTERNAL_\w+?::|\(anonymous namespace\)::", "", n) for n in out.splitlines()]
+
+
 def main(argv):
-    match = None
-    if len(argv) > 2 and argv[1] == "--match":
-        match, argv = argv[2], [argv[0]] + argv[3:]
+    match, everything = None, False
+    while len(argv) > 1 and argv[1] in ("--match", "--all"):
+        if argv[1] == "--all":
+            everything, argv = True, [argv[0]] + argv[2:]
+        elif len(argv) > 2:
+            match, argv = argv[2], [argv[0]] + argv[3:]
+        else:
+            break
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
@@ -56,15 +73,16 @@ def main(argv):
     if not tool:
         print("sass_spills: cuobjdump not found (set CUOBJDUMP)", file=sys.stderr)
         return 2
-    print("instructions  LDL (inner)  STL (inner)  function")
+    print("instructions      KB  LDL (inner)  STL (inner)  function")
     for obj in argv[1:]:
         sass = subprocess.run([tool, "-sass", obj], check=True, capture_output=True, text=True).stdout
-        for name, body in functions(sass):
-            if match and match not in name:
+        found = functions(sass)
+        for (name, body), readable in zip(found, demangled([n for n, _ in found])):
+            if match and match not in name and match not in readable:
                 continue
             n, ld, ld_in, st, st_in = spills(body)
-            if ld or st:
-                print(f"{n:12d}  {ld:4d} ({ld_in:4d})  {st:4d} ({st_in:4d})  {name}")
+            if ld or st or everything:
+                print(f"{n:12d}  {n * 16 / 1024:6.1f}  {ld:4d} ({ld_in:4d})  {st:4d} ({st_in:4d})  {readable}")
     return 0
 
 
