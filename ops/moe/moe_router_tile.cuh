@@ -148,18 +148,17 @@ __device__ __forceinline__ void warp_sum_to_lanes(float (&v)[kTok], float* out, 
 // no bit.
 inline constexpr int kRouterTokensPerRound = 4;
 
-// No block-level synchronisation: warps of rows beyond E simply return.
-template <int kTok = kRouterTokensPerRound>
-__device__ inline void router_gemv_tile(const RouterGemvParams& p, int tile) {
+// The lane's 8 weights of each of the tile's K blocks (times gamma with a fused RMSNorm). Weights
+// and gamma are settled before the step, so the bodies load their first tile's before the wait:
+// only the activations' round trip is left after it. Nothing for a warp past E.
+using RouterTileWeights = float[kRouterSliceBlocks][8];
+__device__ inline void load_router_tile(const RouterGemvParams& p, int tile, RouterTileWeights& w) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int expert = (tile / p.slices) * kRouterRowsPerTile + warp;
-  const int slice = tile % p.slices;
   if (expert >= p.num_experts) return;
-  const int kb0 = slice * kRouterSliceBlocks;
+  const int kb0 = (tile % p.slices) * kRouterSliceBlocks;
   const int nb = min(kRouterSliceBlocks, p.hidden_blocks - kb0);
   const std::int64_t hidden = std::int64_t(p.hidden_blocks) * 256;
-
-  float w[kRouterSliceBlocks][8];
 #pragma unroll
   for (int b = 0; b < kRouterSliceBlocks; ++b)
     if (b < nb) load_router_weights(p, expert * hidden + (kb0 + b) * 256 + lane * 8, w[b]);
@@ -173,6 +172,19 @@ __device__ inline void router_gemv_tile(const RouterGemvParams& p, int tile) {
         for (int i = 0; i < 8; ++i) w[b][i] *= gv[i];
       }
   }
+}
+
+// One tile with its weights `w` (load_router_tile). No block-level synchronisation: warps of rows
+// beyond E simply return.
+template <int kTok = kRouterTokensPerRound>
+__device__ inline void router_gemv_tile(const RouterGemvParams& p, int tile, const RouterTileWeights& w) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int expert = (tile / p.slices) * kRouterRowsPerTile + warp;
+  const int slice = tile % p.slices;
+  if (expert >= p.num_experts) return;
+  const int kb0 = slice * kRouterSliceBlocks;
+  const int nb = min(kRouterSliceBlocks, p.hidden_blocks - kb0);
+  const std::int64_t hidden = std::int64_t(p.hidden_blocks) * 256;
   const bool sums = p.gamma && expert == 0;  // one warp per slice leaves the slice's sum of h^2
 
   // kTok tokens per round: all their activation loads are issued before the first FMA. h may have
@@ -493,23 +505,17 @@ __device__ void router_topk_block(const RouterTopkParams& p, int token, char* sm
 }
 // Router weights never depend on the previous kernel: pull this tile's rows into L2 before the
 // wait so the fetch overlaps the previous work.
-__device__ inline void prefetch_router_rows(const RouterGemvParams& p, int tile) {
-  const int expert = (tile / p.slices) * kRouterRowsPerTile + int(threadIdx.x);
-  if (threadIdx.x >= kRouterRowsPerTile || expert >= p.num_experts) return;
-  const int kb0 = (tile % p.slices) * kRouterSliceBlocks;
-  const int nb = min(kRouterSliceBlocks, p.hidden_blocks - kb0);
-  const int elem = p.weight_bf16 ? 2 : 4;
-  const char* src = static_cast<const char*>(p.weight) + (std::int64_t(expert) * p.hidden_blocks + kb0) * 256 * elem;
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(std::uint32_t(nb * 256 * elem)) : "memory");
-}
-
 // ---- bodies (common/body.cuh) --------------------------------------------------------------------
 template <int kTok = kRouterTokensPerRound, class Range, class Wait>
 __device__ void router_gemv_body(const RouterGemvParams& p, const Range& r, Wait& wait) {
   const int tiles = router_gemv_tiles(p);
-  if (r.first() < tiles) prefetch_router_rows(p, r.first());
-  wait();
-  for (int tile = r.first(); tile < tiles; tile += r.stride()) router_gemv_tile<kTok>(p, tile);
+  for (int tile = r.first(); tile < tiles; tile += r.stride()) {
+    RouterTileWeights w;
+    load_router_tile(p, tile, w);  // (the first tile's before the wait; later calls return at once)
+    wait();
+    router_gemv_tile<kTok>(p, tile, w);
+  }
+  wait();  // (a block without a tile)
 }
 
 // The top-k of the range's tiles in the form Form (TopkFormOf); `smem`: router_topk_smem_bytes.
@@ -537,10 +543,14 @@ template <class Form, int kTok = kRouterTokensPerRound, class Range, class Wait>
 __device__ void router_fused_body(const RouterGemvParams& g, const RouterTopkParams& t, int* counter, const Range& r, char* smem,
                                   Wait& wait) {
   const int tiles = router_gemv_tiles(g);
-  if (r.first() < tiles) prefetch_router_rows(g, r.first());
-  wait();
   int mine = 0;
-  for (int tile = r.first(); tile < tiles; tile += r.stride(), ++mine) router_gemv_tile<kTok>(g, tile);
+  for (int tile = r.first(); tile < tiles; tile += r.stride(), ++mine) {
+    RouterTileWeights w;
+    load_router_tile(g, tile, w);  // (the first tile's before the wait; later calls return at once)
+    wait();
+    router_gemv_tile<kTok>(g, tile, w);
+  }
+  wait();  // (a block without a tile)
   int* last = reinterpret_cast<int*>(smem);
   __syncthreads();  // every warp's sums are written
   if (threadIdx.x == 0) {
