@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -208,6 +209,7 @@ void write_trace_csv(const Megakernel& mk, const std::vector<encore::pipeline::M
   std::FILE* h = std::fopen((path.substr(0, path.size() - 4) + "_marks.csv").c_str(), "w");
   if (!h) return;
   static const char* const kMarks[] = {"stream_ready", "item_begin", "item_weights", "item_end", "combine"};
+  static_assert(std::size(kMarks) == std::size_t(encore::pipeline::MegakernelMark::kCombine) + 1, "a name per mark");
   std::fprintf(h, "index,block,mark,item,us,value\n");
   for (std::size_t i = 0; i < t.size(); ++i)
     for (const auto& b : t[i].per_block)
