@@ -2,10 +2,11 @@
 trace_b<B>_c<C>.csv, _blocks.csv and _marks.csv).
 
 The bodies mark, on each block, when an expert stream's set-up ended (work list, activations,
-first weights issued), when each item began, when warp 0 had the item's first weights, when the
-block was done with it (with the ns warp 0 waited for weights in it), and when the down stream's
-ordered combine began; the GEMVs mark their tiles' begin and end (warp 0's view). Per instruction
-kind (the name without its layer), summed over layers, this prints:
+first weights issued), when each item began, when warp 0 had the item's first weights, when warp 0
+was done with the item's weights, when the block was done with it (after the epilogue and the block
+barrier; with the ns warp 0 waited for weights in it), and when the down stream's ordered combine
+began; the GEMVs mark their tiles' begin and end (warp 0's view). Per instruction kind (the name
+without its layer), summed over layers, this prints:
 
   blocks      block entries that ran the kind
   items       items per block entry: mean and max
@@ -14,6 +15,8 @@ kind (the name without its layer), summed over layers, this prints:
   first       item begin -> its first weights, median, us
   item        item begin -> end, median and 90th percentile, us
   weights%    share of the items' time warp 0 spent waiting for weights
+  epilogue%   share of the items' time from warp 0's last weights to the item's end (the
+              epilogue, and the block barrier: the slowest warp)
   tail        last item end -> the block's signal, median, us
   GB/s        (with --item-bytes) the kind's item bytes over the span from its first item begin to
               its last item end, per instruction, median over layers
@@ -61,6 +64,8 @@ def items_of(entry_marks):
             items[item]["begin"] = us
         elif mark == "item_weights":
             items[item]["weights"] = us
+        elif mark == "item_computed":
+            items[item]["computed"] = us
         elif mark == "item_end":
             items[item]["end"] = us
             items[item]["waited_us"] = value * 1e-3
@@ -101,23 +106,28 @@ def summary(names, blocks, marks, item_bytes):
                 s["first"].append(it["weights"] - it["begin"])
                 s["waited"].append(it["waited_us"])
                 s["timed"].append(it["end"] - it["begin"])
+            if "computed" in it:
+                s["epilogue"].append(it["end"] - it["computed"])
+                s["etimed"].append(it["end"] - it["begin"])
             last_end = max(last_end, it["end"])
             sp = spans[i]
             sp[0], sp[1], sp[2] = min(sp[0], it["begin"]), max(sp[1], it["end"]), sp[2] + 1
         s["tail"].append(end - last_end)
-    print(f"{'kind':<22} {'blocks':>6} {'items':>9} {'wait':>7} {'setup':>7} {'first':>7} {'item':>15} {'weights%':>8} {'tail':>7} {'GB/s':>7}")
+    print(f"{'kind':<22} {'blocks':>6} {'items':>9} {'wait':>7} {'setup':>7} {'first':>7} {'item':>15} {'weights%':>8} "
+          f"{'epilogue%':>9} {'tail':>7} {'GB/s':>7}")
     for k in sorted(per_kind, key=lambda k: -sum(per_kind[k]["item"])):
         s = per_kind[k]
         if not s["items"]:
             continue
         items = f"{statistics.mean(s['items']):.1f}/{max(s['items'])}"
         weights = 100.0 * sum(s["waited"]) / sum(s["timed"]) if s["timed"] and sum(s["timed"]) > 0 else float("nan")
+        epilogue = 100.0 * sum(s["epilogue"]) / sum(s["etimed"]) if s["etimed"] and sum(s["etimed"]) > 0 else float("nan")
         gbs = float("nan")
         if k in item_bytes:
             rates = [n * item_bytes[k] / ((e - b) * 1e3) for i, (b, e, n) in spans.items() if kind(names[i]) == k and e > b]
             gbs = median(rates)
         print(f"{k:<22} {len(s['entries']):>6} {items:>9} {median(s['wait']):>7.2f} {median(s['setup']):>7.2f} "
-              f"{median(s['first']):>7.2f} {median(s['item']):>7.2f} /{pct(s['item'], 0.9):>6.2f} {weights:>8.1f} "
+              f"{median(s['first']):>7.2f} {median(s['item']):>7.2f} /{pct(s['item'], 0.9):>6.2f} {weights:>8.1f} {epilogue:>9.1f} "
               f"{median(s['tail']):>7.2f} {gbs:>7.0f}")
 
 

@@ -374,6 +374,7 @@ __device__ inline void gate_up_body(const ExpertsTileParams& p, const StreamShap
     float acc[kTokensPerPass];
     device::mark(wait, device::Mark::kItemBegin, k);
     const int4 item = stream.compute_item(k, acc, wait);
+    device::mark(wait, device::Mark::kItemComputed, k);
     const int count = item.z, row_group = item.w;
     float* mid = stream.s.mid + (k % 2) * shape.tokens * kGateUpRows;  // two items' worth: one barrier per item
 #pragma unroll
@@ -414,6 +415,7 @@ __device__ inline void down_body(const ExpertsTileParams& p, const StreamShape& 
     float acc[kTokensPerPass];
     device::mark(wait, device::Mark::kItemBegin, k);
     const int4 item = stream.compute_item(k, acc, wait);
+    device::mark(wait, device::Mark::kItemComputed, k);
     const std::int64_t row = std::int64_t(item.w) * kDownRows + unit;
 #pragma unroll
     for (int t = 0; t < kTokensPerPass; ++t) {

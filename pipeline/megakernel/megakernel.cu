@@ -26,6 +26,7 @@ using megakernel::WaitReport;
 static_assert(int(MegakernelMark::kStreamReady) == int(device::Mark::kStreamReady) &&
               int(MegakernelMark::kItemBegin) == int(device::Mark::kItemBegin) &&
               int(MegakernelMark::kItemWeights) == int(device::Mark::kItemWeights) &&
+              int(MegakernelMark::kItemComputed) == int(device::Mark::kItemComputed) &&
               int(MegakernelMark::kItemEnd) == int(device::Mark::kItemEnd) && int(MegakernelMark::kCombine) == int(device::Mark::kCombine));
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }

@@ -327,7 +327,7 @@ TEST_P(MegakernelGpu, TraceTimesAndMarksAreOrdered) {
         last = k.us;
         if (k.mark == MegakernelMark::kStreamReady) ++readies;
         if (k.mark == MegakernelMark::kItemBegin) begun.push_back(k.item);
-        if (k.mark == MegakernelMark::kItemWeights || k.mark == MegakernelMark::kItemEnd)
+        if (k.mark == MegakernelMark::kItemWeights || k.mark == MegakernelMark::kItemComputed || k.mark == MegakernelMark::kItemEnd)
           EXPECT_TRUE(!begun.empty() && begun.back() == k.item) << "an item marked before it began, block " << b.block;
         if (k.mark == MegakernelMark::kItemEnd) ++ends;
       }

@@ -68,6 +68,7 @@ enum class MegakernelMark {
   kStreamReady,  // the stream's set-up is done (work list, activations, first weights issued)
   kItemBegin,    // item `item` (the block's k-th) starts
   kItemWeights,  // warp 0 has the item's first weights; value: the item's expert (expert streams)
+  kItemComputed, // warp 0 is done with the item's weights (before the epilogue and block barrier)
   kItemEnd,      // the block is done with the item; value: ns warp 0 waited for its weights
   kCombine,      // the down stream's ordered combine starts; value: row chunks it combines
 };
