@@ -144,11 +144,12 @@ inline std::size_t mla_q_absorb_smem_bytes() {
          std::size_t(QAbsorbConfig::kTokenChunk) * kMlaNopeDim * sizeof(float);
 }
 
-__device__ inline void mla_q_absorb_tile(const MlaQAbsorbParams& p, int tile, char* smem) {
+// The tile's W_UK slice into shared memory: weights, settled before the step, so the body stages
+// its first tile's before the wait. The tile's first barrier orders these writes before its reads.
+__device__ inline void mla_q_absorb_stage_weights(const MlaQAbsorbParams& p, int tile, char* smem) {
   using Cfg = QAbsorbConfig;
   const int head = tile / Cfg::kGroups, col_group = tile % Cfg::kGroups;
-  __nv_bfloat16* w_s = reinterpret_cast<__nv_bfloat16*>(smem);                              // [128][128]
-  float* q_s = reinterpret_cast<float*>(smem + kMlaNopeDim * Cfg::kCols * sizeof(__nv_bfloat16));  // [chunk][128]
+  __nv_bfloat16* w_s = reinterpret_cast<__nv_bfloat16*>(smem);  // [128][128]
   // W_UK[head][i][col_group*128 ...]: rows of 256 bytes.
   const __nv_bfloat16* w_uk = p.kv_b + std::int64_t(head) * kMlaKvbRowsPerHead * kMlaLatentDim + col_group * Cfg::kCols;
   for (int c = threadIdx.x; c < kMlaNopeDim * Cfg::kCols / 8; c += kBlockThreads) {
@@ -156,6 +157,14 @@ __device__ inline void mla_q_absorb_tile(const MlaQAbsorbParams& p, int tile, ch
     *reinterpret_cast<uint4*>(w_s + i * Cfg::kCols + chunk * 8) =
         *reinterpret_cast<const uint4*>(w_uk + std::int64_t(i) * kMlaLatentDim + chunk * 8);
   }
+}
+
+// One tile, its weights staged (mla_q_absorb_stage_weights).
+__device__ inline void mla_q_absorb_tile(const MlaQAbsorbParams& p, int tile, char* smem) {
+  using Cfg = QAbsorbConfig;
+  const int head = tile / Cfg::kGroups, col_group = tile % Cfg::kGroups;
+  const __nv_bfloat16* w_s = reinterpret_cast<const __nv_bfloat16*>(smem);                    // [128][128]
+  float* q_s = reinterpret_cast<float*>(smem + kMlaNopeDim * Cfg::kCols * sizeof(__nv_bfloat16));  // [chunk][128]
   const int col = threadIdx.x % Cfg::kCols, half = threadIdx.x / Cfg::kCols;
   for (int n0 = 0; n0 < p.batch; n0 += Cfg::kTokenChunk) {
     const int chunk_tokens = min(Cfg::kTokenChunk, p.batch - n0);
@@ -299,12 +308,14 @@ __device__ inline void mla_kv_append_body(const MlaKvAppendParams& p, const Rang
 
 template <class Range, class Wait>
 __device__ inline void mla_q_absorb_body(const MlaQAbsorbParams& p, const Range& r, char* smem, Wait& wait) {
-  wait();
   const int tiles = p.num_heads * QAbsorbConfig::kGroups;
   for (int tile = r.first(); tile < tiles; tile += r.stride()) {
+    mla_q_absorb_stage_weights(p, tile, smem);  // (the first tile's before the wait; later calls return at once)
+    wait();
     mla_q_absorb_tile(p, tile, smem);
     __syncthreads();
   }
+  wait();  // (a block without a tile)
 }
 
 template <class Range, class Wait>
