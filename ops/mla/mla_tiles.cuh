@@ -105,30 +105,35 @@ struct KvAppendSmem {
 };
 inline std::size_t mla_kv_append_smem_bytes() { return KvAppendSmem(nullptr).bytes; }
 
-__device__ inline void mla_kv_append_tile(const MlaKvAppendParams& p, int tile, char* smem) {
-  if (step_flagged(p.error_flag)) return;
+// One request's row. `w`: this thread's two RMSNorm weights (loaded before the body's wait). The
+// row's values, the flag, the length and the position load in one round trip and the page id in a
+// second beside the norm's reduction; the checks come after both, in one branch (every row of kv_a
+// exists, pad rows too, so the reduction may run on any).
+__device__ inline void mla_kv_append_tile(const MlaKvAppendParams& p, int tile, char* smem, float2 w) {
   const int req = tile;
-  const int len = p.seq_lens[req];
-  if (len <= 0) return;  // pad row
-  const int pos = p.positions[req];
-  // Re-checked here so that a body run without a clean scheduler still never writes out of range.
-  if (pos < 0 || pos >= p.cache.max_pages_per_seq * kMlaPageTokens) return;
-  const std::int32_t page_id = p.cache.block_table[std::int64_t(req) * p.cache.block_table_stride + pos / kMlaPageTokens];
-  if (page_id < 0 || page_id >= p.cache.num_pages) return;
-  __nv_bfloat16* row = p.cache.pages + (std::int64_t(page_id) * kMlaPageTokens + pos % kMlaPageTokens) * kMlaRowDim;
   const float* in = p.kv_a + std::int64_t(req) * p.kv_a_stride;
-
   const float2 c = *reinterpret_cast<const float2*>(in + 2 * threadIdx.x);  // 256 threads x 2 = 512
+  float2 pe{};
+  if (threadIdx.x < kMlaRopeDim / 2) pe = *reinterpret_cast<const float2*>(in + kMlaLatentDim + 2 * threadIdx.x);
+  const bool flagged = step_flagged(p.error_flag);
+  const int len = p.seq_lens[req], pos = p.positions[req];
+  // Re-checked here so that a body run without a clean scheduler still never writes out of range.
+  const bool pos_ok = pos >= 0 && pos < p.cache.max_pages_per_seq * kMlaPageTokens;
+  const std::int32_t page_id =
+      pos_ok ? p.cache.block_table[std::int64_t(req) * p.cache.block_table_stride + pos / kMlaPageTokens] : -1;
+
   const KvAppendSmem sm(smem);
   float& inv_rms = *sm.inv_rms;
   const float sumsq = KvAppendSmem::Reduce(*sm.reduce).Sum(c.x * c.x + c.y * c.y);
   if (threadIdx.x == 0) inv_rms = 1.f / sqrtf(sumsq / kMlaLatentDim + p.eps);
   __syncthreads();
-  const float2 w = *reinterpret_cast<const float2*>(p.norm_weight + 2 * threadIdx.x);
+  // A flagged step, a pad row, a position or page out of range: nothing written.
+  if (flagged | (len <= 0) | (page_id < 0) | (page_id >= p.cache.num_pages)) return;
+  __nv_bfloat16* row = p.cache.pages + (std::int64_t(page_id) * kMlaPageTokens + pos % kMlaPageTokens) * kMlaRowDim;
   reinterpret_cast<std::uint32_t*>(row)[threadIdx.x] = pack_bf16x2(c.x * inv_rms * w.x, c.y * inv_rms * w.y);
   if (threadIdx.x < kMlaRopeDim / 2) {
     const int i = threadIdx.x;
-    const float2 r = rope_pair(p.rope, pos, i, in[kMlaLatentDim + 2 * i], in[kMlaLatentDim + 2 * i + 1]);
+    const float2 r = rope_pair(p.rope, pos, i, pe.x, pe.y);
     reinterpret_cast<std::uint32_t*>(row + kMlaLatentDim)[i] = pack_bf16x2(r.x, r.y);
   }
 }
@@ -299,9 +304,10 @@ __device__ inline void mla_sched_body(const MlaSchedParams& p, const Range& r, c
 
 template <class Range, class Wait>
 __device__ inline void mla_kv_append_body(const MlaKvAppendParams& p, const Range& r, char* smem, Wait& wait) {
+  const float2 w = *reinterpret_cast<const float2*>(p.norm_weight + 2 * threadIdx.x);  // a weight: before the wait
   wait();
   for (int tile = r.first(); tile < p.batch; tile += r.stride()) {
-    mla_kv_append_tile(p, tile, smem);
+    mla_kv_append_tile(p, tile, smem, w);
     __syncthreads();
   }
 }
