@@ -99,6 +99,12 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       : "memory");
 }
 
+// Pulls `bytes` (a multiple of 16, 16-byte aligned) at `src` into L2: one thread, no completion to
+// wait for. For small settled data a body reads right after its wait.
+__device__ __forceinline__ void prefetch_l2(const void* src, std::uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
+
 // Warms the descriptor cache with a tensor map (a __grid_constant__ kernel parameter's address).
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");

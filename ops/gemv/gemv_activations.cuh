@@ -14,7 +14,9 @@ namespace detail {
 
 // Quantises K blocks [kb0, kb0 + nbc) of every active token into shared memory, and (with a norm)
 // each block's sum(x^2). A warp takes (token, block) tasks round robin, four tasks' loads in flight
-// at once so the prologue costs about one L2 round trip per four tasks. F16: the fp16 core's format.
+// at once so the prologue costs about one L2 round trip per four tasks. gamma loads per task after
+// its sum (loading it with x held 32 more registers and spilled inside the cores' loops); the body
+// pulls gamma into L2 before its wait. F16: the fp16 core's format.
 template <bool F16 = false>
 __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0, int nbc, const GemvSmem& s) {
   constexpr int kTasksInFlight = 4;

@@ -48,6 +48,8 @@ __device__ void gemv_body(const GemvTileParams& p, const Range& r, char* smem, W
   const std::int64_t tiles = num_tiles(p);
   TileState state;
   state.pipe = start_weight_pipe<NMAT, kMma>(p, s, r.first(), r.stride());
+  // The norm's gamma is read with the activations right after the wait: into L2 under it.
+  if (p.gamma && threadIdx.x == 0) device::prefetch_l2(p.gamma, std::uint32_t(p.k_blocks) * 256 * sizeof(float));
   wait();
   int item = 0;  // (trace mode: the block's tiles, counted)
   for (std::int64_t tile = r.first(); tile < tiles; tile += r.stride(), ++item) {
