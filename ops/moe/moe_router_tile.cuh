@@ -503,8 +503,6 @@ __device__ void router_topk_block(const RouterTopkParams& p, int token, char* sm
   }
   __syncthreads();
 }
-// Router weights never depend on the previous kernel: pull this tile's rows into L2 before the
-// wait so the fetch overlaps the previous work.
 // ---- bodies (common/body.cuh) --------------------------------------------------------------------
 template <int kTok = kRouterTokensPerRound, class Range, class Wait>
 __device__ void router_gemv_body(const RouterGemvParams& p, const Range& r, Wait& wait) {

@@ -27,7 +27,8 @@ static_assert(int(MegakernelMark::kStreamReady) == int(device::Mark::kStreamRead
               int(MegakernelMark::kItemBegin) == int(device::Mark::kItemBegin) &&
               int(MegakernelMark::kItemWeights) == int(device::Mark::kItemWeights) &&
               int(MegakernelMark::kItemComputed) == int(device::Mark::kItemComputed) &&
-              int(MegakernelMark::kItemEnd) == int(device::Mark::kItemEnd) && int(MegakernelMark::kCombine) == int(device::Mark::kCombine));
+              int(MegakernelMark::kItemEnd) == int(device::Mark::kItemEnd) &&
+              int(MegakernelMark::kCombine) == int(device::Mark::kCombine));
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
@@ -158,7 +159,8 @@ Status Megakernel::launch(cudaStream_t stream) const {
     ENCORE_CUDA_TRY(cudaMemsetAsync(args.trace, 0, std::size_t(count_) * grid_ * sizeof(megakernel::TraceEntry), stream));
     args.marks = reinterpret_cast<megakernel::MarkEntry*>(base + marks_offset_);
     args.mark_counts = reinterpret_cast<std::uint32_t*>(base + mark_counts_offset_);
-    ENCORE_CUDA_TRY(cudaMemsetAsync(args.mark_counts, 0, std::size_t(grid_) * sizeof(std::uint32_t), stream));  // (a block that exits early writes none)
+    // (a block that leaves early, on a timed-out wait, writes no count)
+    ENCORE_CUDA_TRY(cudaMemsetAsync(args.mark_counts, 0, std::size_t(grid_) * sizeof(std::uint32_t), stream));
   }
   void* params[] = {&args};
   ENCORE_CUDA_TRY(cudaLaunchCooperativeKernel(kernel_, dim3(grid_), dim3(kBlockThreads), params, smem_, stream));
