@@ -200,7 +200,8 @@ __device__ __forceinline__ void tile_prefetch_state(const ops::KdaParams& p, int
 }
 
 // What a tile reads from its slot: this warp's state rows and the conv history of the thread's
-// channels (with their conv weights), loaded by tile_load_slot() and consumed by tile().
+// channels (with their conv weights), loaded by tile_load_slot() and consumed by tile(); and its
+// head's constants the thread uses (weights: tile_load_head(), before the body's wait).
 template <int HeadDim>
 struct SlotInputs {
   static constexpr int kPerThread = (3 * HeadDim + kBlockThreads - 1) / kBlockThreads;  // conv channels per thread
@@ -208,6 +209,7 @@ struct SlotInputs {
   LaneVec<Traits<HeadDim>::kLaneElems> s[Traits<HeadDim>::kRowsPerWarp];
   float h0[kPerThread], h1[kPerThread], h2[kPerThread];
   float4 w[kPerThread];
+  float a_log, dt_bias, o_norm;  // the head's A_log, the thread's decay row's dt_bias, its output's norm weight
 };
 
 // Tile channel c (q | k | v, K each) -> its proj / history column.
@@ -252,6 +254,17 @@ __device__ __forceinline__ void tile_load_slot(const ops::KdaParams& p, int tile
       in.w[i] = __ldg(reinterpret_cast<const float4*>(p.conv_weight) + ch);
     }
   }
+}
+
+// The tile's head's constants the thread uses in tile(): weights, so they load before the wait
+// (the gates and the output norm otherwise wait a round trip each after it).
+template <int HeadDim>
+__device__ __forceinline__ void tile_load_head(const ops::KdaParams& p, int tile_index, SlotInputs<HeadDim>& in) {
+  constexpr int D = HeadDim, kThreadsPerRow = kBlockThreads / (2 * D);
+  const int head = tile_index % p.num_heads, j = int(threadIdx.x) / kThreadsPerRow;
+  in.a_log = p.A_log[head];
+  if (j < D) in.dt_bias = p.dt_bias[std::int64_t(head) * D + j];
+  if (int(threadIdx.x) < D) in.o_norm = p.o_norm_weight[threadIdx.x];
 }
 
 // weights_issued: tile_issue_weight_copy() already ran for this tile (the kernel prologue does it
@@ -355,7 +368,7 @@ __device__ __forceinline__ bool tile(const ops::KdaParams& p, int tile_index, ch
     const float dot = gate_row_dot<kThreadsPerRow>(sm, j, part, chunks, decay ? sm.fa_ga : sm.fa_ga + p.gate_rank);
     if (part == 0) {
       if (decay)
-        sm.alpha[j] = expf(-expf(p.A_log[head]) * softplus(dot + p.dt_bias[std::int64_t(head) * D + j]));
+        sm.alpha[j] = expf(-expf(in.a_log) * softplus(dot + in.dt_bias));
       else
         sm.gate[j - D] = sigmoid(dot);
     }
@@ -404,7 +417,7 @@ __device__ __forceinline__ bool tile(const ops::KdaParams& p, int tile_index, ch
     for (int e = 0; e < E; ++e) ss = fmaf(o.v[e], o.v[e], ss);
     ss = warp_sum(ss);
     const float inv_rms = 1.f / sqrtf(ss / float(D) + p.norm_eps);
-    y_head[tid] = sm.o[tid] * inv_rms * p.o_norm_weight[tid] * sm.gate[tid];
+    y_head[tid] = sm.o[tid] * inv_rms * in.o_norm * sm.gate[tid];
   }
   return next_tile >= 0;
 }
@@ -420,6 +433,7 @@ __device__ void kda_body(const ops::KdaParams& p, const Range& r, char* smem, Wa
   if (tile >= tiles) return;
   kda::tile_issue_weight_copy<HeadDim>(p, tile, smem);
   kda::SlotInputs<HeadDim> in;
+  kda::tile_load_head<HeadDim>(p, tile, in);
   if (p.state_settled)
     kda::tile_load_slot<HeadDim>(p, tile, in);
   else
@@ -432,6 +446,7 @@ __device__ void kda_body(const ops::KdaParams& p, const Range& r, char* smem, Wa
     auto next_of = [&](int t) { return t + r.stride() < tiles ? t + r.stride() : -1; };
     bool issued = kda::tile<HeadDim>(p, tile, smem, true, in, next_of(tile));
     for (tile += r.stride(); tile < tiles; tile += r.stride()) {
+      kda::tile_load_head<HeadDim>(p, tile, in);
       kda::tile_load_slot<HeadDim>(p, tile, in);
       issued = kda::tile<HeadDim>(p, tile, smem, issued, in, next_of(tile));
     }
