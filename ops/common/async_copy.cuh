@@ -105,6 +105,11 @@ __device__ __forceinline__ void prefetch_l2(const void* src, std::uint32_t bytes
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 
+// Pulls the line holding `p` into L1 (no register, no completion): for a value a thread reads later.
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
 // Warms the descriptor cache with a tensor map (a __grid_constant__ kernel parameter's address).
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");

@@ -29,6 +29,24 @@ __device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, const Gemv
   const std::int64_t left = p.n - row0 - my_g;
   const int live = left <= 0 ? 0 : left >= std::int64_t(G) * (RL - 1) + 1 ? RL : int((left + G - 1) / G);
 
+  // The outputs this lane stores at the end: the 32 / G lanes of a row take its tokens round robin.
+  const int lanes_per_row = 32 / G, my_index = slice * 4 + quad;
+  auto for_each_output = [&](auto&& f) {
+#pragma unroll
+    for (int i = 0; i < RL; ++i) {
+      if (i >= live) break;
+#pragma unroll
+      for (int t = 0; t < NTOK; ++t) {
+        if (t >= p.batch) break;
+        if (t % lanes_per_row == my_index) f(i, row0 + my_g + G * i, t);
+      }
+    }
+  };
+  // The residual each of them adds: into L1 now, read after the K loop (a round trip at the tile's
+  // end otherwise, on the kernel's last blocks).
+  if (p.residual)
+    for_each_output([&](int, std::int64_t row, int t) { device::prefetch_l1(p.residual + t * p.out_stride + row); });
+
   float acc[NMAT][RL][NTOK];
 #pragma unroll
   for (int m = 0; m < NMAT; ++m)
@@ -86,19 +104,7 @@ __device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, const Gemv
         acc[m][i][t] = v;
       }
 
-  // The 32 / G lanes of a row store its tokens round robin.
-  const int lanes_per_row = 32 / G, my_index = slice * 4 + quad;
-#pragma unroll
-  for (int i = 0; i < RL; ++i) {
-    if (i >= live) break;
-    const std::int64_t row = row0 + my_g + G * i;
-#pragma unroll
-    for (int t = 0; t < NTOK; ++t) {
-      if (t >= p.batch) break;
-      if (t % lanes_per_row != my_index) continue;
-      detail::store_output(p, s, row, t, acc[0][i][t], acc[NMAT - 1][i][t]);
-    }
-  }
+  for_each_output([&](int i, std::int64_t row, int t) { detail::store_output(p, s, row, t, acc[0][i][t], acc[NMAT - 1][i][t]); });
   detail::store_normalized(p, s, tile);
 }
 
