@@ -32,9 +32,7 @@ import collections
 import csv
 import statistics
 
-
-def kind(name):
-    return name.split(".", 2)[-1] if name.startswith("blk.") else name
+from critical_path import kind  # an instruction's kind: its name without the layer
 
 
 def layer(name):
@@ -54,7 +52,7 @@ def load(prefix):
 
 
 def items_of(entry_marks):
-    """{item: {"begin", "weights", "end", "waited_us"}} and the stream-ready time (or None)."""
+    """{item: {"begin", "weights", "computed", "end", "waited_us"}} and the stream-ready time (or None)."""
     items = collections.defaultdict(dict)
     ready = None
     for mark, item, us, value in entry_marks:
