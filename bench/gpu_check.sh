@@ -78,7 +78,8 @@ if has items; then
   echo "items: encore_ab rc=$? $(grep -c 'same bits' "$out/items_ab.log") points with the same bits"
   for b in 1 4 16; do
     echo "== batch $b"
-    python3 bench/ab/item_times.py "$out/ab/trace_b${b}_c4096" --item-bytes "$bytes" | head -16
+    python3 bench/ab/item_times.py "$out/ab/trace_b${b}_c4096" --item-bytes "$bytes" > "$out/items_b$b.txt" 2>&1
+    sed -n '1,16p' "$out/items_b$b.txt"; sed -n '/^$/,$p' "$out/items_b$b.txt"  # the kinds' items, then their phases
     python3 bench/ab/critical_path.py "$out/ab/trace_b${b}_c4096" > "$out/critical_b$b.txt" 2>&1
   done
   python3 bench/ab/item_times.py "$out/ab/trace_b1_c4096" --layer 10 > "$out/items_b1_layer10.txt" 2>&1

@@ -21,6 +21,12 @@ without its layer), summed over layers, this prints:
   GB/s        (with --item-bytes) the kind's item bytes over the span from its first item begin to
               its last item end, per instruction, median over layers
 
+Then, per kind, its phases: every block entry's events in time order (arrive, release = the
+producers' wait returned, signal, and the marks), and the median time between each pair of
+consecutive events, in the order they first occur. For KDA: begin (before the prologue) ->
+stream_ready (the prologue's loads issued) -> release -> item_weights (gate weights and proj
+landed) -> item_computed (state pass) -> item_end.
+
 With --layer L, the blocks of layer L's instructions of the kinds named by --kinds, one line per
 block: arrival, release, stream ready, each item's begin / end, signal (us from the launch).
 
@@ -118,7 +124,8 @@ def summary(names, blocks, marks, item_bytes):
         if not s["items"]:
             continue
         items = f"{statistics.mean(s['items']):.1f}/{max(s['items'])}"
-        weights = 100.0 * sum(s["waited"]) / sum(s["timed"]) if s["timed"] and sum(s["timed"]) > 0 else float("nan")
+        # (KDA marks its weights' landing but keeps no wait time: nan)
+        weights = 100.0 * sum(s["waited"]) / sum(s["timed"]) if any(s["waited"]) and sum(s["timed"]) > 0 else float("nan")
         epilogue = 100.0 * sum(s["epilogue"]) / sum(s["etimed"]) if s["etimed"] and sum(s["etimed"]) > 0 else float("nan")
         gbs = float("nan")
         if k in item_bytes:
@@ -127,6 +134,29 @@ def summary(names, blocks, marks, item_bytes):
         print(f"{k:<22} {len(s['entries']):>6} {items:>9} {median(s['wait']):>7.2f} {median(s['setup']):>7.2f} "
               f"{median(s['first']):>7.2f} {median(s['item']):>7.2f} /{pct(s['item'], 0.9):>6.2f} {weights:>8.1f} {epilogue:>9.1f} "
               f"{median(s['tail']):>7.2f} {gbs:>7.0f}")
+
+
+def phases(names, blocks, marks, kinds):
+    order = {"arrive": 0, "release": 2, "signal": 9}
+    per_kind = collections.defaultdict(lambda: collections.defaultdict(list))  # kind -> (a, b) -> [us]
+    first_seen = collections.defaultdict(dict)  # kind -> (a, b) -> first position
+    entries = collections.Counter()
+    for (i, b), (start, ready, end) in blocks.items():
+        k = kind(names[i])
+        if kinds and k not in kinds:
+            continue
+        entries[k] += 1
+        events = [(start, order["arrive"], "arrive"), (ready, order["release"], "release"), (end, order["signal"], "signal")]
+        events += [(us, 1, m) for m, _, us, _ in marks.get((i, b), [])]
+        events.sort(key=lambda e: (e[0], e[1]))
+        for n, ((ta, _, a), (tb, _, bname)) in enumerate(zip(events, events[1:])):
+            per_kind[k][(a, bname)].append(tb - ta)
+            first_seen[k].setdefault((a, bname), (n, len(first_seen[k])))  # position in the first sequence it met
+    for k in sorted(per_kind):
+        pairs = sorted(per_kind[k], key=lambda ab: first_seen[k][ab])
+        common = [ab for ab in pairs if len(per_kind[k][ab]) * 10 >= entries[k]]  # in 10% of the entries or more
+        steps = [f"{a}->{b} {median(per_kind[k][(a, b)]):.2f}" for a, b in common]
+        print(f"{k:<22} " + ", ".join(steps[:12]))
 
 
 def timeline(names, blocks, marks, at_layer, kinds):
@@ -152,10 +182,14 @@ def main():
     ap.add_argument("--item-bytes", default="", help="kind=bytes,...: the weight bytes of one item, for GB/s")
     ap.add_argument("--layer", type=int, default=-1, help="print this layer's blocks, one line each")
     ap.add_argument("--kinds", default="moe.shared_gate_up,moe.gate_up,moe.down", help="kinds for --layer")
+    ap.add_argument("--phases", default="kda,kda.in_proj,moe.gate_up,moe.down,mla.splitkv",
+                    help="kinds whose phases to print ('' for all)")
     a = ap.parse_args()
     item_bytes = {k: float(v) for k, v in (kv.split("=") for kv in a.item_bytes.split(",") if kv)}
     names, blocks, marks = load(a.prefix)
     summary(names, blocks, marks, item_bytes)
+    print()
+    phases(names, blocks, marks, set(a.phases.split(",")) - {""})
     if a.layer >= 0:
         print()
         timeline(names, blocks, marks, a.layer, set(a.kinds.split(",")))

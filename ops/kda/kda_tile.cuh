@@ -271,10 +271,11 @@ __device__ __forceinline__ void tile_load_head(const ops::KdaParams& p, int tile
 // for its first tile, before griddepcontrol.wait); `in`: tile_load_slot() of this tile.
 // next_tile >= 0: once the gates are computed the gate weights' buffer is free, so the copy of
 // that tile's weights (and an L2 prefetch of its state) starts under this tile's state pass.
-// Returns whether it did (a pad or flagged tile returns before).
-template <int HeadDim>
+// Returns whether it did (a pad or flagged tile returns before). Marks (device::mark, traced
+// megakernel only): the gate weights and proj landed, the state pass done, the tile's end.
+template <int HeadDim, class Wait>
 __device__ __forceinline__ bool tile(const ops::KdaParams& p, int tile_index, char* smem_base, bool weights_issued,
-                                     SlotInputs<HeadDim>& in, int next_tile = -1) {
+                                     SlotInputs<HeadDim>& in, Wait& wait, int next_tile = -1) {
   using T = Traits<HeadDim>;
   constexpr int D = HeadDim, E = T::kLaneElems, R = T::kRowsPerWarp;
   const TilePlace at(p, tile_index, D);
@@ -340,6 +341,7 @@ __device__ __forceinline__ bool tile(const ops::KdaParams& p, int tile_index, ch
   const float beta = sigmoid(beta_logit);
   device::cp_async_wait_all();
   __syncthreads();
+  device::mark(wait, device::Mark::kItemWeights, tile_index);
 
   // 2a. norms (each warp computes them for itself).
   LaneVec<E> q = load_shared<E>(sm.qkv + lane * E), k = load_shared<E>(sm.qkv + D + lane * E);
@@ -408,6 +410,7 @@ __device__ __forceinline__ bool tile(const ops::KdaParams& p, int tile_index, ch
     if (lane == (R + r) * kSpread) sm.o[v] = fmaf(kq, u, total);
   }
   __syncthreads();
+  device::mark(wait, device::Mark::kItemComputed, tile_index);
 
   // 4. gated RMSNorm over the head (warps covering the head's V values; each sums all of o).
   if (tid < D) {
@@ -419,6 +422,7 @@ __device__ __forceinline__ bool tile(const ops::KdaParams& p, int tile_index, ch
     const float inv_rms = 1.f / sqrtf(ss / float(D) + p.norm_eps);
     y_head[tid] = sm.o[tid] * inv_rms * in.o_norm * sm.gate[tid];
   }
+  device::mark(wait, device::Mark::kItemEnd, tile_index);
   return next_tile >= 0;
 }
 
@@ -431,6 +435,7 @@ __device__ void kda_body(const ops::KdaParams& p, const Range& r, char* smem, Wa
   const int tiles = p.batch * p.num_heads;
   int tile = r.first();
   if (tile >= tiles) return;
+  device::mark(wait, device::Mark::kItemBegin, tile);
   kda::tile_issue_weight_copy<HeadDim>(p, tile, smem);
   kda::SlotInputs<HeadDim> in;
   kda::tile_load_head<HeadDim>(p, tile, in);
@@ -438,17 +443,19 @@ __device__ void kda_body(const ops::KdaParams& p, const Range& r, char* smem, Wa
     kda::tile_load_slot<HeadDim>(p, tile, in);
   else
     kda::tile_prefetch_state<HeadDim>(p, tile);
+  device::mark(wait, device::Mark::kStreamReady, -1);  // the prologue's loads are issued
   wait();  // proj and the error flag (and unsettled slot ids and states) come from upstream
   if (!p.state_settled) kda::tile_load_slot<HeadDim>(p, tile, in);
   if constexpr (Range::kOneTile) {
-    kda::tile<HeadDim>(p, tile, smem, true, in);
+    kda::tile<HeadDim>(p, tile, smem, true, in, wait);
   } else {  // each tile starts the next one's weights under its own state pass
     auto next_of = [&](int t) { return t + r.stride() < tiles ? t + r.stride() : -1; };
-    bool issued = kda::tile<HeadDim>(p, tile, smem, true, in, next_of(tile));
+    bool issued = kda::tile<HeadDim>(p, tile, smem, true, in, wait, next_of(tile));
     for (tile += r.stride(); tile < tiles; tile += r.stride()) {
+      device::mark(wait, device::Mark::kItemBegin, tile);
       kda::tile_load_head<HeadDim>(p, tile, in);
       kda::tile_load_slot<HeadDim>(p, tile, in);
-      issued = kda::tile<HeadDim>(p, tile, smem, issued, in, next_of(tile));
+      issued = kda::tile<HeadDim>(p, tile, smem, issued, in, wait, next_of(tile));
     }
   }
 }
