@@ -8,7 +8,9 @@
 //
 //   encore_ab [--batches 1,4,16] [--contexts 1024,4096,16384,32768] [--long 131072]
 //             [--steps 10] [--rounds 7] [--out DIR] [--trace] [--gemv-core auto|dp4a|int8|f16]
-//             [--model kimi|kimi-kda] [--blocks-per-sm 1|2]
+//             [--model kimi|kimi-kda] [--blocks-per-sm 1|2] [--chain]
+// --chain also times, against the megakernel in the same rounds, its chain alone: the same program
+// with every body skipped (MegakernelOptions::chain_only), the waits and signals with no bytes.
 // kimi-kda is the preset with every MLA layer made a KDA layer. --blocks-per-sm 2 runs the
 // megakernel at two blocks per SM (split-KV in its tile shape for half an SM); the batches it
 // refuses (from 3: the dense down projection's plan needs more than half an SM) are skipped.
@@ -49,6 +51,7 @@ struct Options {
   encore::ops::GemvCore gemv_core = encore::ops::GemvCore::kAuto;  // the Q4_K GEMV stages' core, both paths
   bool kda_for_mla = false;  // --model kimi-kda
   int blocks_per_sm = 1;     // the megakernel's resident blocks per SM
+  bool chain = false;        // also time the megakernel's chain alone (bodies skipped)
 };
 
 std::vector<int> parse_list(const char* s) {
@@ -66,8 +69,12 @@ bool parse(int argc, char** argv, Options& o) {
     if (a == "--help" || a == "-h") {
       std::printf("usage: encore_ab [--batches 1,4,16] [--contexts 1024,4096,16384,32768] [--long 131072 (batch 1; 0: none)]\n"
                   "                 [--steps 10] [--rounds 7] [--out DIR] [--trace] [--gemv-core auto|dp4a|int8|f16]\n"
-                  "                 [--model kimi|kimi-kda] [--blocks-per-sm 1|2]\n");
+                  "                 [--model kimi|kimi-kda] [--blocks-per-sm 1|2] [--chain]\n");
       std::exit(0);
+    }
+    if (a == "--chain") {
+      o.chain = true;
+      continue;
     }
     if (a == "--trace") {
       o.trace = true;
@@ -274,6 +281,10 @@ int main(int argc, char** argv) {
     encore::pipeline::MegakernelOptions trace_options = mk_options;
     trace_options.trace = true;
     if (o.trace) check(Megakernel::build(*p, traced, trace_options), "Megakernel::build (trace)");
+    Megakernel chain;
+    encore::pipeline::MegakernelOptions chain_options = mk_options;
+    chain_options.chain_only = true;
+    if (o.chain) check(Megakernel::build(*p, chain, chain_options), "Megakernel::build (chain alone)");
     std::printf("batch %d: graph of %zu nodes, megakernel of %zu instructions on %d blocks, %zu B shared memory\n", batch,
                 graph.num_nodes(), mk.program().size(), mk.grid(), mk.smem_bytes());
     for (int context : contexts) {
@@ -287,6 +298,12 @@ int main(int argc, char** argv) {
       rows.push_back({batch, context, g * 1e6, m * 1e6, bytes / f.read_bw_bytes_per_s * 1e6, bytes * 1e-6, identical});
       std::printf("batch %2d, context %6d: graph %8.1f us, megakernel %8.1f us (%s)\n", batch, context, g * 1e6, m * 1e6,
                   identical ? "same bits" : "BITS DIFFER");
+      if (o.chain) {
+        double full = 0, chain_alone = 0;
+        time_paths(mk, chain, o, stream, full, chain_alone);
+        check(chain.read_status(stream), "megakernel (chain alone)");
+        std::printf("  megakernel %.1f us; its chain alone (bodies skipped) %.1f us\n", full * 1e6, chain_alone * 1e6);
+      }
       if (o.trace) {
         std::vector<encore::pipeline::MegakernelInstructionTime> t;
         for (int w = 0; w < 3; ++w) check(traced.run(stream), "megakernel (trace)");

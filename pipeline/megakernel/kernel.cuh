@@ -324,7 +324,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) megakernel(const 
     CounterWait late{a, ins.deps + h.early_deps, h.late_deps, step, i, lane, false, marks};
     // Lanes stride by the instruction's lane count: an instruction may leave blocks out (the MoE
     // gate/up skips the top-k's blocks), and its dynamic items must still all be taken.
-    run<NTOK>(slot, h.op, TileRange{lane, min(grid, int(h.tiles))}, late);
+    if (!a.skip_bodies) run<NTOK>(slot, h.op, TileRange{lane, min(grid, int(h.tiles))}, late);
     late();  // (a body that had nothing to read may not have waited: its signal must still imply its producers')
     marks = late.marks;
     if (stress) __nanosleep(mix(a.stress_seed + 977u * step + 131u * i + blockIdx.x) % 4096u);

@@ -130,6 +130,7 @@ Status Megakernel::build(Pipeline& pipeline, Megakernel& out, const MegakernelOp
   mk.timeout_ns_ = std::uint64_t(options.wait_timeout_ms) * 1000000ull;
   mk.stress_seed_ = options.stress ? (options.stress_seed ? options.stress_seed : 1u) : 0u;
   mk.copies_inputs_ = options.copy_staged_inputs;
+  mk.chain_only_ = options.chain_only;
   for (int i = 0; i < count; ++i) {
     const Instruction& ins = program.instructions[i];
     MegakernelInstruction info{program.info[i].name, program.info[i].stage, ins.h.tiles, program.info[i].smem, {}, {}};
@@ -154,6 +155,7 @@ Status Megakernel::launch(cudaStream_t stream) const {
   args.report = reinterpret_cast<WaitReport*>(base + report_offset_);
   args.wait_timeout_ns = timeout_ns_;
   args.stress_seed = stress_seed_;
+  args.skip_bodies = chain_only_;
   args.trace = trace_offset_ ? reinterpret_cast<megakernel::TraceEntry*>(base + trace_offset_) : nullptr;
   if (args.trace) {  // blocks without a tile of an instruction leave its entry zero
     ENCORE_CUDA_TRY(cudaMemsetAsync(args.trace, 0, std::size_t(count_) * grid_ * sizeof(megakernel::TraceEntry), stream));

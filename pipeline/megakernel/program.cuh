@@ -167,6 +167,7 @@ struct KernelArgs {
   WaitReport* report;         // [grid]
   std::uint64_t wait_timeout_ns;  // 0: unbounded
   std::uint32_t stress_seed;      // nonzero: permuted lanes and random producer delays
+  bool skip_bodies;               // the chain-only probe (MegakernelOptions::chain_only)
   TraceEntry* trace;              // [count][grid], or null
   MarkEntry* marks;               // [grid][kMarksPerBlock] (with trace), or null
   std::uint32_t* mark_counts;     // [grid]

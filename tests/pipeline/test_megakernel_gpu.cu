@@ -5,6 +5,7 @@
 // Kimi-Linear preset at batch 1 and 16). Also: the launch captured in a CUDA graph, the trace's
 // times and marks, the bounded wait's report on a broken program, and build errors reported
 // before anything runs.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -342,6 +343,30 @@ TEST_P(MegakernelGpu, TraceTimesAndMarksAreOrdered) {
   }
   EXPECT_GT(streams, 0);
   EXPECT_GT(tiled, 0);
+}
+
+// The chain-only probe runs every wait and signal and no body: the states, caches and logits keep
+// their bytes, and no wait times out.
+TEST_P(MegakernelGpu, ChainAloneWritesNothing) {
+  Megakernel chain;
+  MegakernelOptions o;
+  o.chain_only = true;
+  ENCORE_OK(Megakernel::build(*p, chain, o));
+  ENCORE_OK(p->set_step(StepPlan{p->batch(), 4, 4}.at(0, p->config())));
+  ENCORE_OK(p->reset_state(stream));
+  const std::size_t n = std::size_t(p->batch()) * p->config().vocab, state = std::size_t(p->state_layout().total_bytes());
+  CUDA_OK(cudaMemsetAsync(const_cast<float*>(p->logits()), 0x5A, n * 4, stream));
+  std::vector<char> before(state), after(state);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaMemcpy(before.data(), p->state(), state, cudaMemcpyDeviceToHost));
+  for (int s = 0; s < 3; ++s) ENCORE_OK(chain.run(stream));
+  ENCORE_OK(chain.read_status(stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaMemcpy(after.data(), p->state(), state, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(std::memcmp(before.data(), after.data(), state), 0) << "a skipped body wrote the state";
+  std::vector<std::uint8_t> logits(n * 4);
+  CUDA_OK(cudaMemcpy(logits.data(), p->logits(), n * 4, cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(std::all_of(logits.begin(), logits.end(), [](std::uint8_t v) { return v == 0x5A; })) << "a skipped body wrote the logits";
 }
 
 // A program with a dependency that can never be met: the bounded wait names it, the launch ends,

@@ -46,9 +46,12 @@ struct MegakernelOptions {
   bool trace = false;
   // Resident 256-thread blocks per SM: 1, or 2 (twice the warps to hide latency; every body then
   // gets at most half the SM's shared memory and 128 registers per thread). build() refuses 2
-  // with kUnsupported, naming the instruction, when a body needs more shared memory: today the
-  // MLA split-KV body, so only models without MLA layers run at 2. The results are the same bits.
+  // with kUnsupported, naming the instruction, when a body needs more shared memory (Kimi-Linear
+  // from batch 3: the dense down projection). The results are the same bits.
   int blocks_per_sm = 1;
+  // Probe: every body is skipped, so a launch is the program's waits and signals alone, the
+  // dependency chain's own time. Its outputs are void; states and caches are left untouched.
+  bool chain_only = false;
 };
 
 // One instruction of the program, for inspection (tests, traces).
@@ -136,6 +139,7 @@ class Megakernel final : public DecodeStep {
   std::size_t marks_offset_ = 0, mark_counts_offset_ = 0;
   std::uint64_t timeout_ns_ = 0;
   std::uint32_t stress_seed_ = 0;
+  bool chain_only_ = false;
   bool copies_inputs_ = true;
   std::vector<MegakernelInstruction> program_;
 };
