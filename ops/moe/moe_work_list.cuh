@@ -285,47 +285,84 @@ __device__ inline void reset_chunk_counters(const ExpertsTileParams& p) {
   for (int c = threadIdx.x; c < down_row_chunks(p.hidden); c += kBlockThreads) p.chunk_done[c] = 0;
 }
 
-// Warp-wide: this lane's 8 values of 256-value block b of token t's input row; returns the
-// block's sum of squares (lane sums in index order, then a fixed butterfly).
-__device__ __forceinline__ float load_h_block(const ExpertsTileParams& p, int t, int b, float (&v)[8]) {
+// Warp-wide: this lane's 8 values of 256-value block b of token t's input row.
+__device__ __forceinline__ void load_h_values(const ExpertsTileParams& p, int t, int b, float (&v)[8]) {
   const float4* src = reinterpret_cast<const float4*>(p.h + std::int64_t(t) * p.hidden + b * 256 + threadIdx.x % 32 * 8);
   const float4 a = src[0], c = src[1];
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = c.x, v[5] = c.y, v[6] = c.z, v[7] = c.w;
+}
+
+// Warp-wide: a block's sum of squares (lane sums in index order, then a fixed butterfly).
+__device__ __forceinline__ float block_sum_sq(const float (&v)[8]) {
   float sum_sq = 0.f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) sum_sq = fmaf(v[i], v[i], sum_sq);
-  sum_sq = device::warp_sum(sum_sq);
-  return sum_sq;
+  return device::warp_sum(sum_sq);
 }
 
 // Block-wide: the int8 activations of rows first_token.. first_token + tokens - 1 of h (or of
 // rmsnorm(h) * gamma) into out[token][block] (kActBlockBytes each). The warps take the (token,
 // block) units in turn; with the norm, each unit's sum of squares goes to `partial` (shared,
 // tokens x hidden_blocks floats) and a token's is the sum of its blocks' in block order, so every
-// caller gets the same 1/rms bit for bit, in two parallel L2 round trips.
+// caller gets the same 1/rms bit for bit. When every warp has at most kUnitsInRegisters units (one
+// token), h and gamma load together once and stay in registers: one L2 round trip before the
+// sums' barrier, where the general form reloads h and then waits for gamma after it.
 __device__ inline void quantize_rows(const ExpertsTileParams& p, int first_token, int tokens, char* out, float* partial) {
-  const int units = tokens * p.hidden_blocks;
+  constexpr int kUnitsInRegisters = 2;
+  const int units = tokens * p.hidden_blocks, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  auto scale = [&](int t, const float (&gv)[8], float (&v)[8]) {  // v *= gamma / rms of token t
+    float sum_sq = 0.f;
+    for (int k = 0; k < p.hidden_blocks; ++k) sum_sq += partial[t * p.hidden_blocks + k];
+    const float inv_rms = rsqrtf(sum_sq / float(p.hidden) + p.eps);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = v[i] * inv_rms * gv[i];
+  };
+  if (units <= kUnitsInRegisters * kWarpsPerBlock) {
+    float v[kUnitsInRegisters][8], gv[kUnitsInRegisters][8];
+#pragma unroll
+    for (int j = 0; j < kUnitsInRegisters; ++j) {  // every load first, then the sums
+      const int u = warp + j * kWarpsPerBlock;
+      if (u >= units) continue;
+      load_h_values(p, first_token + u / p.hidden_blocks, u % p.hidden_blocks, v[j]);
+      if (p.gamma) device::ldg_float8(p.gamma + u % p.hidden_blocks * 256 + lane * 8, gv[j]);
+    }
+    if (p.gamma) {
+#pragma unroll
+      for (int j = 0; j < kUnitsInRegisters; ++j) {
+        const int u = warp + j * kWarpsPerBlock;
+        if (u >= units) continue;
+        const float sum_sq = block_sum_sq(v[j]);
+        if (lane == 0) partial[u] = sum_sq;
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < kUnitsInRegisters; ++j) {
+      const int u = warp + j * kWarpsPerBlock;
+      if (u >= units) continue;
+      if (p.gamma) scale(u / p.hidden_blocks, gv[j], v[j]);
+      q4k::quantize_act_block(v[j], out + std::int64_t(u) * q4k::kActBlockBytes);
+    }
+    return;
+  }
   if (p.gamma) {
 #pragma unroll 2
-    for (int u = threadIdx.x / 32; u < units; u += kWarpsPerBlock) {
+    for (int u = warp; u < units; u += kWarpsPerBlock) {
       float v[8];
-      const float sum_sq = load_h_block(p, first_token + u / p.hidden_blocks, u % p.hidden_blocks, v);
-      if (threadIdx.x % 32 == 0) partial[u] = sum_sq;
+      load_h_values(p, first_token + u / p.hidden_blocks, u % p.hidden_blocks, v);
+      const float sum_sq = block_sum_sq(v);
+      if (lane == 0) partial[u] = sum_sq;
     }
     __syncthreads();
   }
-  for (int u = threadIdx.x / 32; u < units; u += kWarpsPerBlock) {
+  for (int u = warp; u < units; u += kWarpsPerBlock) {
     const int t = u / p.hidden_blocks, b = u % p.hidden_blocks;
     float v[8];
-    load_h_block(p, first_token + t, b, v);  // (the sum is not needed here: partial[] holds it)
+    load_h_values(p, first_token + t, b, v);  // (its sum is in partial[])
     if (p.gamma) {
-      float sum_sq = 0.f;
-      for (int k = 0; k < p.hidden_blocks; ++k) sum_sq += partial[t * p.hidden_blocks + k];
-      const float inv_rms = rsqrtf(sum_sq / float(p.hidden) + p.eps);
       float gv[8];
-      device::ldg_float8(p.gamma + b * 256 + threadIdx.x % 32 * 8, gv);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = v[i] * inv_rms * gv[i];
+      device::ldg_float8(p.gamma + b * 256 + lane * 8, gv);
+      scale(t, gv, v);
     }
     q4k::quantize_act_block(v, out + std::int64_t(u) * q4k::kActBlockBytes);
   }
