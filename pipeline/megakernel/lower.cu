@@ -23,6 +23,10 @@ struct Node {
   // >= 0: lane 0 goes this many blocks after the previous instruction's lane 0, instead of after
   // its last lane (the MoE down lines up its light lanes with gate/up's heavy ones).
   int lane0_after_previous = -1;
+  // > 0: its items are taken dynamically and lanes below this one take one item more (the MoE
+  // down); the next instruction's lane 0 goes to this lane, so that its own heavy lanes (an
+  // in-projection's second tiles) land on the blocks that finish first.
+  int first_light_lane = 0;
 };
 
 template <class T>
@@ -369,6 +373,7 @@ class Lowering {
     const int heavy_gate_up = gate_up_items % gate_up_lanes;
     const int heavy_down = passes * moe::down_row_chunks(m.hidden) % down_lanes;
     if (down_lanes == out_.grid && heavy_gate_up > 0 && heavy_down > 0) d.lane0_after_previous = heavy_gate_up;
+    if (down_lanes == out_.grid) d.first_light_lane = heavy_down;
     if (in_block)  // its list, from the routing, before its ring starts
       d.info.accesses = {read(ids, true), read(weights, true), read(act_mid), y, chunks, x_rows, x_out};
     else
@@ -377,8 +382,9 @@ class Lowering {
   }
 
   // Dependencies from conflicting accesses, reduced to those no other one implies; then each
-  // instruction's first lane goes to the block after the previous instruction's last, so that
-  // small instructions in a row land on different blocks (or where its node says).
+  // instruction's first lane goes to the block after the previous instruction's last tile, so that
+  // small instructions in a row land on different blocks and a multi-round instruction's heavy
+  // lanes follow the previous one's light lanes (or where its node says).
   Status link() {
     const int n = int(nodes_.size());
     ENCORE_REQUIRE(n <= kMaxProgram, StatusCode::kUnsupported, "megakernel: ", n, " instructions exceed ", kMaxProgram);
@@ -421,7 +427,7 @@ class Lowering {
       if (nodes_[j].lane0_after_previous >= 0) start = (previous_start + nodes_[j].lane0_after_previous) % out_.grid;
       ins.h.lane_offset = (out_.grid - start) % out_.grid;
       previous_start = start;
-      start = int((start + std::int64_t(ins.h.tiles)) % out_.grid);
+      start = int((start + std::int64_t(nodes_[j].first_light_lane > 0 ? nodes_[j].first_light_lane : ins.h.tiles)) % out_.grid);
     }
     return {};
   }

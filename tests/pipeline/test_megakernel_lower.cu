@@ -305,6 +305,12 @@ TEST(MegakernelLower, SharedExpertsRunBesideTheRoutingAndTheTopkBlockSkipsGateUp
         const int down_lane = (block_of_lane(i, lane) + p.instructions[i + 1].h.lane_offset) % p.grid;
         EXPECT_GE(down_lane, p.grid - heavy_gate_up) << p.info[i + 1].name << ": gate/up lane " << lane;
       }
+      // down's heavy lanes (one item more) finish last: the next layer's first instruction starts
+      // on its first light lane, so an in-projection's second tiles go to the blocks free first.
+      const int heavy_down = moe::max_passes(op.p.batch, op.p.num_experts, op.p.num_shared, op.p.top_k, op.p.tokens_per_pass) *
+                             moe::down_row_chunks(op.p.hidden) % p.grid;
+      if (i + 2 < count && heavy_down > 0)
+        EXPECT_EQ(block_of_lane(i + 2, 0), block_of_lane(i + 1, heavy_down)) << p.info[i + 2].name;
     }
     EXPECT_EQ(layers, ModelConfig::kimi_linear_48b().count(Mlp::kMoe));
   }
