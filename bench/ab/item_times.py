@@ -25,7 +25,9 @@ Then, per kind, its phases: every block entry's events in time order (arrive, re
 producers' wait returned, signal, and the marks), and the median time between each pair of
 consecutive events, in the order they first occur. For KDA: begin (before the prologue) ->
 stream_ready (the prologue's loads issued) -> release -> item_weights (gate weights and proj
-landed) -> item_computed (state pass) -> item_end.
+landed) -> item_computed (state pass) -> item_end; for split-KV: begin -> stream_ready (settled pages'
+copies issued) -> release -> item_weights (query and first page landed) -> item_computed (pages) ->
+item_end (output or partial stored).
 
 With --layer L, the blocks of layer L's instructions of the kinds named by --kinds, one line per
 block: arrival, release, stream ready, each item's begin / end, signal (us from the launch).

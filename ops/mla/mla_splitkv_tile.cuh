@@ -38,9 +38,11 @@ namespace encore::mla {
 // Every (request, page range) of one part for the heads of `group`: scores, online softmax and
 // P V per page, then the final output or this split's partial (and, fused, the arrival).
 // `started`: the first request's pages, whose copies start_settled_pages() began (when early).
-template <class Cfg, SplitKvVariant kVariant, bool kFusedCombine>
+// Marks (device::mark, traced megakernel only), per request, as item `tile`: its query and first
+// page landed, its pages computed, its output or partial stored.
+template <class Cfg, SplitKvVariant kVariant, bool kFusedCombine, class Wait>
 __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, const MlaPartPlan& plan, char* smem_base,
-                                    PageRing& st, bool early_start, RequestPages<Cfg> started) {
+                                    PageRing& st, bool early_start, RequestPages<Cfg> started, Wait& wait, int tile) {
   namespace dev = encore::device;
   constexpr bool kMath = kVariant != SplitKvVariant::kLoadsOnly;
   constexpr int kAcc = Cfg::kAccPerThread;
@@ -94,6 +96,7 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
         device::cp_async_wait<0>();
         dev::fence_proxy_async();  // this thread's query copies, visible to the tensor cores' reads
         __syncthreads();
+        device::mark(wait, device::Mark::kItemWeights, tile);
       }
       const std::uint32_t slot_off = slot * Cfg::kPageBytes;
 
@@ -199,6 +202,7 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
     device::cp_async_wait<0>();  // (a request without pages never waited for its query)
     drain_pages<Cfg>(st, sm.page);  // (compute-only: the first slots' copies, if never awaited)
     __syncthreads();
+    device::mark(wait, device::Mark::kItemComputed, tile);
 
     // ---- epilogue: O / l and the LSE (natural log) of each row, final or partial slot. O goes
     // through a free slot so the global stores are whole rows.
@@ -240,6 +244,7 @@ __device__ inline void splitkv_part(const MlaAttentionParams& p, int group, cons
         lse_base[head] = lse;
       }
     }
+    device::mark(wait, device::Mark::kItemEnd, tile);  // (thread 0's stores issued)
     if constexpr (kFusedCombine)
       if (is_split) fused_arrive(fused_counter(p, req, group));
   }
@@ -259,9 +264,11 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
   const MlaPartPlan& plan = p.part_plans[part];
   const int begin_req = plan.begin_req;
   if (begin_req < 0) return;
+  device::mark(wait, device::Mark::kItemBegin, tile);
   RequestPages<Cfg> started{};
   if (p.plan_settled) {
     started = start_settled_pages<Cfg>(p, plan, smem_base, st);
+    device::mark(wait, device::Mark::kStreamReady, -1);  // the settled pages' copies are issued
     wait();
   }
   // Read once, block-uniform: split-KV itself may OR in kMlaErrorPageId while other tiles run (or
@@ -287,7 +294,7 @@ __device__ inline void mla_splitkv_tile(const MlaAttentionParams& p, int tile, c
       else fused_arrive(fused_counter(p, end_req, group));
     }
   } else {
-    splitkv_part<Cfg, kVariant, kFusedCombine>(p, group, plan, smem_base, st, p.plan_settled, started);
+    splitkv_part<Cfg, kVariant, kFusedCombine>(p, group, plan, smem_base, st, p.plan_settled, started, wait, tile);
   }
   if constexpr (kFusedCombine) {
     // All arrivals of this tile precede its waits, so no tile waits on one that waits on it.
