@@ -61,15 +61,15 @@ struct MegakernelInstruction {
   int tiles = 0;
   std::size_t smem = 0;  // the dynamic shared memory its body needs
   std::vector<int> prologue_producers, producers;  // instruction indices
+  int first_block = 0;   // the block of its lane 0: lane l runs on block (first_block + l) mod grid (not in stress mode)
 };
 
-// Where one instruction's time went in the last traced launch (us from the launch's first block
-// start): the earliest arrival, the first and last release by its producers, the last signal.
-// What a body marked on one block (thread 0) inside an instruction: expert stream items and GEMV
-// tiles (docs/megakernel.md §3, "Trace").
+// What a body marked on one block (thread 0) inside an instruction: expert stream items, GEMV,
+// KDA and split-KV tiles (docs/megakernel.md §3, "Trace"). KDA and split-KV mark their begin and
+// set-up before their wait.
 enum class MegakernelMark {
-  kStreamReady,  // the stream's set-up is done (work list, activations, first weights issued)
-  kItemBegin,    // item `item` (the block's k-th) starts
+  kStreamReady,  // the set-up is done (work list, activations, first weights or pages issued)
+  kItemBegin,    // item `item` (the block's k-th; KDA, split-KV: the tile) starts
   kItemWeights,  // warp 0 has the item's first weights; value: the item's expert (expert streams)
   kItemComputed, // warp 0 is done with the item's weights (before the epilogue and block barrier)
   kItemEnd,      // the block is done with the item; value: ns warp 0 waited for its weights
@@ -86,6 +86,8 @@ struct MegakernelBlockTime {
   double start = 0, ready = 0, end = 0;  // reached the instruction, passed its wait, signalled
   std::vector<MegakernelMarkTime> marks;  // in the order made
 };
+// Where one instruction's time went in the last traced launch (us from the launch's first block
+// start): the earliest arrival, the first and last release by its producers, the last signal.
 struct MegakernelInstructionTime {
   double start = 0, first_ready = 0, last_ready = 0, end = 0;
   int blocks = 0;                            // blocks that ran a tile of it
