@@ -38,6 +38,7 @@ block: arrival, release, stream ready, each item's begin / end, signal (us from 
 import argparse
 import collections
 import csv
+import os
 import statistics
 
 from critical_path import kind  # an instruction's kind: its name without the layer
@@ -54,6 +55,8 @@ def load(prefix):
     for r in csv.DictReader(open(prefix + "_blocks.csv")):
         blocks[(int(r["index"]), int(r["block"]))] = (float(r["start"]), float(r["ready"]), float(r["end"]))
     marks = collections.defaultdict(list)  # (instruction, block) -> [(mark, item, us, value)] in order
+    if not os.path.exists(prefix + "_marks.csv"):  # (a trace from before the marks: block times only)
+        return names, blocks, marks
     for r in csv.DictReader(open(prefix + "_marks.csv")):
         marks[(int(r["index"]), int(r["block"]))].append((r["mark"], int(r["item"]), float(r["us"]), int(r["value"])))
     return names, blocks, marks
