@@ -7,6 +7,7 @@
 #      with 8 warps, as bench/notes/2026-12-04-megakernel.md suspects?
 # Clocks are left alone (--clock-control none). Usage, from the repository root with build/ built:
 #   bash bench/profile/profile_check.sh [OUT_DIR]
+# CASES=REGEX profiles only the cases whose name matches (e.g. CASES='b16' for the GEMV cores).
 # Writes ncu_<name>.csv (raw metrics, one row per profiled kernel) and prints a summary.
 set -uo pipefail
 out=${1:-${OUT:-out}}
@@ -23,6 +24,7 @@ sections=(--section SpeedOfLight --section Occupancy --section SchedulerStats --
 prof() {
   local name=$1 kernel=$2 skip=$3 count=$4
   shift 5
+  [[ $name =~ ${CASES:-.} ]] || return 0
   ncu --clock-control none "${sections[@]}" --kernel-name "regex:$kernel" --launch-skip "$skip" --launch-count "$count" \
       --page raw --csv "$@" > "$out/ncu_$name.csv" 2> "$out/ncu_$name.log"
   echo "ncu $name rc=$?"
