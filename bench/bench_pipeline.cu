@@ -206,7 +206,7 @@ void BM_DecodeStages(benchmark::State& state, ops::GemvCore core) {
 
 using ops::GemvCore;
 constexpr auto kMicro = benchmark::kMicrosecond;
-BENCHMARK_CAPTURE(BM_DecodeStages, kimi_linear, GemvCore::kAuto)->Name("decode/kimi_linear/stages")->Arg(1)->Arg(16)
+BENCHMARK_CAPTURE(BM_DecodeStages, kimi_linear, GemvCore::kAuto)->Name("decode/kimi_linear/stages")->Arg(1)->Arg(16)->Arg(64)
     ->UseManualTime()->Unit(kMicro);
 BENCHMARK_CAPTURE(BM_Decode, kimi_linear_graph, DecodeRun{Path::kGraph})->Name("decode/kimi_linear/graph")
     ->Arg(1)->Arg(4)->Arg(16)->Arg(32)->Arg(64)->UseManualTime()->Unit(kMicro);
