@@ -60,9 +60,7 @@ __device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, const Gemv
     if (quantize) detail::load_chunk(p, kb0, nbc, s);
     for (int ks0 = kb0; ks0 < kb0 + nbc; ks0 += p.slot_blocks) {
       const int nb = min(p.slot_blocks, p.k_blocks - ks0);
-      const std::uint32_t slot = pipe.consumed % std::uint32_t(p.slots);
-      device::barrier_wait(&pipe.bars[slot], (pipe.consumed / std::uint32_t(p.slots)) & 1u);
-      const char* slot_data = pipe.ring + slot * pipe.slot_size + my_g * pitch;
+      const char* slot_data = pipe.wait_next() + my_g * pitch;
 #pragma unroll(RL == 1 ? 2 : 1)
       for (int jl = slice; jl < nb; jl += slices) {
         if (live == 0) break;
@@ -84,7 +82,7 @@ __device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, const Gemv
         }
       }
       __syncwarp();  // every lane is done with the buffer before it is refilled
-      ++pipe.consumed;
+      pipe.release();
       detail::fill_next_slot<NMAT>(p, pipe, policy);
     }
   }

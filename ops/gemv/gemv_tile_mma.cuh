@@ -61,7 +61,6 @@ __device__ __forceinline__ void run_mma_tile(const GemvTileParams& p, std::int64
                                              BlockMath&& block_math) {
   static_assert(NTOK % 8 == 0, "the mma cores take 8-token tiles");
   WeightPipe& pipe = state.pipe;
-  const int warp = threadIdx.x / 32;
   const std::uint64_t policy = q4k::evict_first_policy();
   if (!state.act_cached) {
     load_chunk<F16>(p, 0, p.k_blocks, s);
@@ -80,18 +79,15 @@ __device__ __forceinline__ void run_mma_tile(const GemvTileParams& p, std::int64
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[m][nt][e] = 0.f;
 
-  const int parts = 1 << p.mma_part_bits, k_end = mma_k_end(p, warp);
-  for (int ks0 = mma_k_begin(p, warp); ks0 < k_end; ks0 += p.slot_blocks) {
-    const int nb = min(p.slot_blocks, k_end - ks0);
-    const std::uint32_t slot = pipe.consumed % std::uint32_t(p.slots);
-    device::barrier_wait(&pipe.bars[slot], (pipe.consumed / std::uint32_t(p.slots)) & 1u);
-    const char* slot_data = pipe.ring + slot * pipe.slot_size;
+  for (int ks0 = pipe.k_begin; ks0 < pipe.k_end; ks0 += p.slot_blocks) {
+    const int nb = min(p.slot_blocks, pipe.k_end - ks0);
+    const char* slot_data = pipe.wait_next();
     for (int jb = 0; jb < nb; ++jb) block_math(acc, slot_data + jb * q4k::kBlockBytes, ks0 + jb);
     __syncwarp();  // every lane is done with the buffer before it is refilled
-    ++pipe.consumed;
-    fill_next_slot<NMAT, true>(p, pipe, policy);
+    pipe.release();
+    fill_next_slot<NMAT>(p, pipe, policy);
   }
-  store_mma_sums<NTOK, NMAT>(p, s, tile, acc, parts);
+  store_mma_sums<NTOK, NMAT>(p, s, tile, acc, 1 << p.mma_part_bits);
   store_normalized(p, s, tile);
 }
 

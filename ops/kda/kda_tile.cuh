@@ -272,7 +272,8 @@ __device__ __forceinline__ void tile_load_head(const ops::KdaParams& p, int tile
 // next_tile >= 0: once the gates are computed the gate weights' buffer is free, so the copy of
 // that tile's weights (and an L2 prefetch of its state) starts under this tile's state pass.
 // Returns whether it did (a pad or flagged tile returns before). Marks (device::mark, traced
-// megakernel only): the gate weights and proj landed, the state pass done, the tile's end.
+// megakernel only): the gate weights and proj landed, the state pass done, the tile's end (pad and
+// flagged tiles mark their end too).
 template <int HeadDim, class Wait>
 __device__ __forceinline__ bool tile(const ops::KdaParams& p, int tile_index, char* smem_base, bool weights_issued,
                                      SlotInputs<HeadDim>& in, Wait& wait, int next_tile = -1) {
@@ -311,6 +312,7 @@ __device__ __forceinline__ bool tile(const ops::KdaParams& p, int tile_index, ch
     // Pad row: y = 0. Failed slot check or out-of-range id: no state write, y = NaN.
     const float fill = (slot < 0 && !flagged) ? 0.f : __int_as_float(0x7fffffff);
     for (int j = tid; j < D; j += kBlockThreads) y_head[j] = fill;
+    device::mark(wait, device::Mark::kItemEnd, tile_index);  // every tile that begins ends, pad rows too
     return false;
   }
   const Smem sm = Smem::carve(smem_base, D, p.gate_rank);
