@@ -14,15 +14,28 @@ namespace encore::gemv {
 namespace detail {
 
 // The mma cores' epilogue: lane (g, t) of warp w holds, per matrix and 8-token tile, element e =
-// (row g + 8 (e / 2), token 2t + e % 2) of its row group's sum over its K part. The parts' sums
-// meet in shared memory and are added in part order, then stored.
+// (row g + 8 (e / 2), token 2t + e % 2) of its row group's sum over its K part. With one part the
+// warp stores them; otherwise the parts' sums meet in shared memory and are added in part order,
+// then stored.
 template <int NTOK, int NMAT>
 __device__ __forceinline__ void store_mma_sums(const GemvTileParams& p, const GemvSmem& s, std::int64_t tile,
                                                const float (&acc)[NMAT][NTOK / 8][4], int parts) {
   constexpr int kTokenTiles = NTOK / 8, kRows = kMmaTileRows, kSums = NMAT * kTokenTiles * 4;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // The parts' partial sums, added in part order: [warp][sum][lane]. (A warp-local epilogue for one
-  // part, without the block barriers, spilled 16 bytes in gemv_mma_kernel<16, 2>.)
+  if (NMAT == 1 && parts == 1) {  // one matrix, one K part: the warp stores its rows' whole sums, no block barrier
+    const std::int64_t row0 = tile * tile_rows(p) + warp * kRows + lane / 4;
+#pragma unroll
+    for (int nt = 0; nt < kTokenTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const std::int64_t row = row0 + 8 * (e / 2);
+        const int token = nt * 8 + 2 * (lane % 4) + e % 2;
+        if (row < p.n && token < p.batch) detail::store_output(p, s, row, token, acc[0][nt][e], acc[NMAT - 1][nt][e]);
+      }
+    return;
+  }
+  // The parts' partial sums, added in part order: [warp][sum][lane]. (The warp-local epilogue for one
+  // part spills in gemv_mma_kernel<16, 2>, so gate/up keeps this one.)
   __syncthreads();  // the previous tile's readers of `partials` are done
   float* mine = s.partials + std::size_t(warp) * kSums * 32;
 #pragma unroll
