@@ -36,7 +36,7 @@ struct GemvTileParams {
   std::int64_t n;             // rows
   int k_blocks;               // k / 256
   int batch;                  // active tokens (<= NTOK of the instantiation)
-  int rows_per_warp;          // W = row_groups * RL (RL = rows_per_group of the instantiation)
+  int rows_per_warp;          // W = row_groups * RL (RL = rows_per_group of the instantiation); <= 32: lane r copies row r
   int row_groups;             // G: 1, 2, 4 or 8 (8 / G groups split K)
   int slot_blocks;           // K blocks per ring slot: slot_blocks_for(G, RL, matrices)
   int slots;                 // ring depth per warp, 2..kMaxSlots (launchers plan up to kLaunchMaxSlots)

@@ -30,7 +30,7 @@ __device__ __forceinline__ void store_mma_sums(const GemvTileParams& p, const Ge
       for (int e = 0; e < 4; ++e) {
         const std::int64_t row = row0 + 8 * (e / 2);
         const int token = nt * 8 + 2 * (lane % 4) + e % 2;
-        if (row < p.n && token < p.batch) detail::store_output(p, s, row, token, acc[0][nt][e], acc[NMAT - 1][nt][e]);
+        if (row < p.n && token < p.batch) detail::store_output(p, s, row, token, acc[0][nt][e], acc[0][nt][e]);
       }
     return;
   }
