@@ -20,19 +20,12 @@
 
 #include <cuda_runtime.h>
 
+#include "probe_check.h"
+
 namespace {
 
 constexpr int kBodies = 8;  // bodies per size class; a set of 8 x 32 KB exceeds any SM's instruction cache
 constexpr int kThreads = 256;
-
-#define PROBE_CHECK(call)                                                                        \
-  do {                                                                                           \
-    const cudaError_t e = (call);                                                                \
-    if (e != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
 
 __device__ __forceinline__ std::uint64_t global_ns() {
   std::uint64_t t;

@@ -16,21 +16,13 @@
 #include <cuda_runtime.h>
 
 #include "common/async_copy.cuh"
+#include "probe_check.h"
 
 namespace {
 
 constexpr int kBlockBytes = 144;  // one Q4_K block: 256 weights
 constexpr int kRows = 16;         // rows per warp's group (the mma cores' kMmaTileRows)
 constexpr int kCopies = 4;        // matrix copies rotated through, so no launch finds its bytes in L2
-
-#define PROBE_CHECK(call)                                                                        \
-  do {                                                                                           \
-    const cudaError_t e = (call);                                                                \
-    if (e != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
 
 struct RingConfig {
   int k_blocks;     // blocks per row
