@@ -17,6 +17,7 @@ list(APPEND ENCORE_SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/random_weights_host.cpp
   ${CMAKE_CURRENT_LIST_DIR}/megakernel/kernel.cu
   ${CMAKE_CURRENT_LIST_DIR}/megakernel/kernel_two_per_sm.cu
+  ${CMAKE_CURRENT_LIST_DIR}/megakernel/kernel_trace.cu
   ${CMAKE_CURRENT_LIST_DIR}/megakernel/lower.cu
   ${CMAKE_CURRENT_LIST_DIR}/megakernel/megakernel.cu)
 # The megakernel's op bodies are separate functions (kernel.cuh): compiled whole-program, ptxas
@@ -24,6 +25,8 @@ list(APPEND ENCORE_SOURCES
 # with separable compilation each body gets the full register file (only callee-saved registers
 # are saved, once per call). The library's device link resolves it.
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/megakernel/kernel.cu PROPERTIES COMPILE_OPTIONS "-rdc=true")
+# The traced megakernel, whose bodies record their marks: a unit of its own, so the others carry none.
+set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/megakernel/kernel_trace.cu PROPERTIES COMPILE_OPTIONS "-rdc=true")
 # The two-blocks-per-SM megakernel: the same bodies capped at 128 registers (two 256-thread blocks
 # share an SM's 64K registers). The cap applies to every function of the unit, hence a unit of its own.
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/megakernel/kernel_two_per_sm.cu PROPERTIES COMPILE_OPTIONS "-rdc=true;-maxrregcount=128")

@@ -3,9 +3,10 @@
 
 namespace encore::pipeline::megakernel {
 
-const void* kernel_for(int tokens, int blocks_per_sm) {
+const void* kernel_for(int tokens, int blocks_per_sm, bool marks) {
   if (blocks_per_sm == 2) return kernel_two_per_sm(tokens);
-  return blocks_per_sm == 1 ? megakernel_for_tokens<1>(tokens) : nullptr;
+  if (blocks_per_sm != 1) return nullptr;
+  return marks ? kernel_with_marks(tokens) : megakernel_for_tokens<1>(tokens);
 }
 
 }  // namespace encore::pipeline::megakernel

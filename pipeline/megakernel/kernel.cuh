@@ -39,6 +39,11 @@
 #ifndef ENCORE_MEGAKERNEL_BLOCKS_PER_SM
 #define ENCORE_MEGAKERNEL_BLOCKS_PER_SM 1
 #endif
+// Whether the unit's bodies record their marks (kernel_trace.cu, the traced launches): elsewhere
+// the marks compile away, so a normal launch's bodies carry none of their code or registers.
+#ifndef ENCORE_MEGAKERNEL_MARKS
+#define ENCORE_MEGAKERNEL_MARKS 0
+#endif
 
 namespace encore::pipeline::megakernel {
 namespace {
@@ -49,6 +54,7 @@ using encore::device::TileRange;
 // (four need more than the 128 registers of two blocks per SM) and split-KV's tile shape (the op's
 // needs more than half an SM's shared memory; the lowering plans the same one).
 constexpr int kUnitBlocksPerSm = ENCORE_MEGAKERNEL_BLOCKS_PER_SM;
+constexpr bool kUnitMarks = ENCORE_MEGAKERNEL_MARKS;
 static_assert(kUnitBlocksPerSm == 1 || kUnitBlocksPerSm == 2);
 constexpr int kRouterTokensPerRound = kUnitBlocksPerSm == 1 ? moe::kRouterTokensPerRound : 2;
 using SplitKvTile = std::conditional_t<kUnitBlocksPerSm == 1, mla::SplitKvConfig, mla::SplitKvHalfSm>;
@@ -117,8 +123,10 @@ __device__ __forceinline__ void wait_deps(const KernelArgs& a, const Dep* deps, 
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
-// The bodies' wait policy in the megakernel: the instruction's producers, once.
-struct CounterWait {
+// The bodies' wait policy in the megakernel: the instruction's producers, once. kMarks: it records
+// the bodies' marks (device::Marks), in the marks unit only.
+template <bool kMarks>
+struct CounterWaitOf {
   static constexpr bool kSharedMemoryReused = true;
   const KernelArgs& a;
   const Dep* deps;
@@ -134,14 +142,21 @@ struct CounterWait {
     if (a.trace && threadIdx.x == 0) a.trace[std::int64_t(instruction) * gridDim.x + blockIdx.x].ready = global_ns();
   }
   // The bodies' marks (device::mark): thread 0 appends to its block's list.
-  __device__ __forceinline__ bool marking() const { return a.marks != nullptr && threadIdx.x == 0; }
-  __device__ __forceinline__ void mark(device::Mark m, int item, std::uint32_t value) {
+  __device__ __forceinline__ bool marking() const
+    requires kMarks
+  {
+    return a.marks != nullptr && threadIdx.x == 0;
+  }
+  __device__ __forceinline__ void mark(device::Mark m, int item, std::uint32_t value)
+    requires kMarks
+  {
     if (!marking()) return;
     if (marks < std::uint32_t(kMarksPerBlock))
       a.marks[std::int64_t(blockIdx.x) * kMarksPerBlock + marks] = {global_ns(), value, instruction, item, std::uint32_t(m)};
     ++marks;
   }
 };
+using CounterWait = CounterWaitOf<kUnitMarks>;
 
 // Which lane of instruction i block b runs. Stress mode: a fresh affine permutation of the blocks
 // per instruction and step (a multiplier coprime with the grid).

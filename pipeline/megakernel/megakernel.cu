@@ -105,7 +105,7 @@ Status Megakernel::build(Pipeline& pipeline, Megakernel& out, const MegakernelOp
   ENCORE_CUDA_TRY(cudaDeviceSynchronize());
 
   // blocks_per_sm blocks per SM must be co-resident with the program's shared memory.
-  const void* kernel = megakernel::kernel_for(program.tokens, options.blocks_per_sm);
+  const void* kernel = megakernel::kernel_for(program.tokens, options.blocks_per_sm, options.trace);
   ENCORE_REQUIRE(kernel, StatusCode::kInvalidArgument, "Megakernel::build: no kernel for token tier ", program.tokens);
   // The attribute is the function's, shared by every Megakernel of this tier: only ever raised, so
   // building a smaller program never breaks an earlier one's launch.

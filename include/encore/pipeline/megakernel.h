@@ -42,7 +42,9 @@ struct MegakernelOptions {
   // reaches (the timeout then reports it). -1: none.
   int break_dependency_of = -1;
   // Profiling: every launch records, per instruction and block, when the block reached it, when
-  // its producers released it and when it signalled (read with trace()). Costs a little time.
+  // its producers released it and when it signalled (read with trace()), and at one block per SM
+  // the bodies' marks. It runs a kernel compiled with the marks (the normal one carries none of
+  // their code): costs a little time.
   bool trace = false;
   // Resident 256-thread blocks per SM: 1, or 2 (twice the warps to hide latency; every body then
   // gets at most half the SM's shared memory and 128 registers per thread). build() refuses 2
