@@ -1,8 +1,8 @@
 """Item times inside a traced megakernel step (`encore_ab --trace --out DIR` writes
 trace_b<B>_c<C>.csv, _blocks.csv and _marks.csv).
 
-The bodies mark, on each block, when an expert stream's set-up ended (work list, activations,
-first weights issued), when each item began, when warp 0 had the item's first weights, when warp 0
+The bodies mark, on each block, when an expert stream's work list and item table were built
+(list_built), its first weights issued (ring_started) and its set-up ended (activations), when each item began, when warp 0 had the item's first weights, when warp 0
 was done with the item's weights, when the block was done with it (after the epilogue and the block
 barrier; with the ns warp 0 waited for weights in it), and when the down stream's ordered combine
 began; the GEMVs mark their tiles' begin and end (warp 0's view). Per instruction kind (the name

@@ -51,6 +51,11 @@ struct BlockTile {
 // the stream launch, as the kernels that start their dependents right after their own wait do.
 struct PdlWait {
   static constexpr bool kSharedMemoryReused = false;
+  // Whether a body's prologue may run after its producers are done, on the critical path (the
+  // megakernel: a block reaches an instruction when it gets there), so that what it issues before
+  // its first work should be short. A standalone kernel's prologue runs under the previous
+  // kernel's tail.
+  static constexpr bool kPrologueExposed = false;
   bool release = true;
   __device__ __forceinline__ void operator()() const {
     wait_for_upstream();
@@ -69,6 +74,8 @@ enum class Mark : std::uint32_t {
   kItemComputed, // warp 0 is done with the item's weights (before the epilogue and block barrier)
   kItemEnd,      // the block is done with the item (value: ns warp 0 waited for its weights)
   kCombine,      // the down stream's ordered combine starts (value: row chunks it combines)
+  kListBuilt,    // an expert stream's work list and item table are in shared memory
+  kRingStarted,  // an expert stream's first weights are issued
 };
 
 // Whether a wait policy records marks at all (the megakernel's, in every launch; it marks only in

@@ -89,6 +89,8 @@ struct StreamShape {
   int list_passes = 0;   // capacity of a work list built in shared memory (0: the prepare kernel's list)
   int list_entries = 0;
   ExpertSet set = ExpertSet::kAll;  // kRouted, kShared: the megakernel's split gate/up (in-block lists)
+  int first_fills = 0;  // pieces issued before the first item (0: all `slots`); the ring deepens to
+                        // `slots` as items compute (issuing stalls once the copy engine is saturated)
 
   __host__ __device__ bool in_block() const { return list_passes > 0; }
   // Gate/up with its own list: the batch's activations quantised once into one resident buffer.
@@ -103,6 +105,10 @@ struct StreamShape {
   __host__ __device__ int slot_bytes() const { return matrices() * box_stride(); }  // one warp's buffer
   __host__ __device__ int act_token_bytes() const { return k_blocks * q4k::kActBlockBytes; }
   __host__ __device__ int pieces_per_item() const { return (k_blocks + slot_blocks - 1) / slot_blocks; }
+  template <class Wait>  // (a ring that starts below its depth deepens only where the policy allows)
+  __host__ __device__ int first_pieces() const {
+    return Wait::kPrologueExposed && first_fills > 0 && first_fills < slots ? first_fills : slots;
+  }
 };
 
 // Tensor maps of a stream's matrices (gate and up, or down), each over all experts' rows as
@@ -156,6 +162,8 @@ template <int NMAT, bool kInBlock, ExpertSet kSet = ExpertSet::kAll>
 struct ExpertStream {
   static_assert(kSet == ExpertSet::kAll || (kInBlock && NMAT == 2), "a split stream is a gate/up stream with its own list");
   static constexpr bool kResidentAct = kInBlock && NMAT == 2;
+  static constexpr int kRingBarriers = kWarpsPerBlock * kMaxRingSlots, kBarriers = kRingBarriers + kActBuffers;
+  static_assert(kBarriers <= kBlockThreads);
   StreamShape shape;
   StreamSmem s;
   WorkList list;
@@ -165,9 +173,10 @@ struct ExpertStream {
   std::uint64_t policy;  // evict-first: weights are read once per step
   int num_passes;  // this step's passes (read once, with the item table)
   int items;
-  // Per warp (warp-uniform): the next K piece to fill (item, piece of the item), and the buffer
-  // the warp computes on next with its phase parity.
-  int fill_item = 0, fill_piece = 0;
+  // Per warp (warp-uniform): the next K piece to fill (item, piece of the item) and its buffer,
+  // the pieces filled and not yet computed, and the buffer the warp computes on next with its
+  // phase parity.
+  int fill_item = 0, fill_piece = 0, fill_slot = 0, in_flight = 0;
   int slot = 0;
   std::uint32_t phase = 0;
   std::uint32_t waited_ns = 0;  // (trace mode, thread 0) warp 0's wait for the last item's weights
@@ -176,9 +185,10 @@ struct ExpertStream {
   // the items. The work list comes from the prepare kernel, or is built here from the routing;
   // either finished before the gate/up kernel passed its PDL wait and let the down kernel start,
   // so the down kernel runs this before its own wait (global data read through L2, ld.cg).
-  // start_activations() follows the wait.
+  // start_activations() follows the wait. (`wait` only for its marks, in trace mode.)
+  template <class Wait>
   __device__ ExpertStream(const ExpertsTileParams& p, const StreamShape& sh, const StreamMaps& maps, char* smem, int row_groups,
-                          int first, int stride)
+                          int first, int stride, Wait& wait)
       : shape(sh), s(smem, sh), list(kInBlock ? s.list : global_work_list(p)) {
 #pragma unroll
     for (int m = 0; m < NMAT; ++m) map[m] = &maps.mat[m];
@@ -188,7 +198,7 @@ struct ExpertStream {
     if (threadIdx.x == 0) {
 #pragma unroll
       for (int m = 0; m < NMAT; ++m) device::prefetch_tensor_map(map[m]);
-      for (int i = 0; i < kWarpsPerBlock * kMaxRingSlots; ++i) device::barrier_init(&s.full[i], 1);
+      for (int i = 0; i < kRingBarriers; ++i) device::barrier_init(&s.full[i], 1);
       for (int i = 0; i < kActBuffers; ++i) device::barrier_init(&s.act_full[i], 1);
       device::fence_barrier_init();
     }
@@ -214,7 +224,9 @@ struct ExpertStream {
     }
     items = total > first ? (total - first + stride - 1) / stride : 0;
     __syncthreads();
-    for (int j = 0; j < shape.slots; ++j) fill_next(j);
+    device::mark(wait, device::Mark::kListBuilt, -1);
+    for (int j = 0; j < shape.template first_pieces<Wait>(); ++j) fill_next();
+    device::mark(wait, device::Mark::kRingStarted, -1);
   }
 
   // The entries' tokens (gate/up: all items' in one parallel round trip) and the first items'
@@ -234,11 +246,14 @@ struct ExpertStream {
       for (int k = 0; k < kActBuffers; ++k) issue_activations(k);
   }
 
-  // Warp-wide: the calling warp's next K piece (fill_item, fill_piece) into its buffer `to`. Lane 0
-  // issues one box per matrix: the warp's box_rows() rows of the item's row group, the slot's K
-  // blocks.
-  __device__ void fill_next(int to) {
+  // Warp-wide: the calling warp's next K piece (fill_item, fill_piece) into its buffer fill_slot.
+  // Lane 0 issues one box per matrix: the warp's box_rows() rows of the item's row group, the
+  // slot's K blocks.
+  __device__ void fill_next() {
     if (fill_item >= items) return;
+    const int to = fill_slot;
+    if (++fill_slot == shape.slots) fill_slot = 0;
+    ++in_flight;
     const int4 item = s.items[fill_item];
     const int kb0 = fill_piece * shape.slot_blocks;
     if (++fill_piece == shape.pieces_per_item()) fill_piece = 0, ++fill_item;
@@ -324,7 +339,10 @@ struct ExpertStream {
         }
       }
       __syncwarp();  // every lane is done with the buffer before it is refilled
-      fill_next(slot);
+      --in_flight;
+      fill_next();
+      if constexpr (Wait::kPrologueExposed)  // a ring started below its depth (first_fills) deepens
+        if (in_flight < shape.slots) fill_next();
       if (++slot == shape.slots) slot = 0, phase ^= 1u;
     }
 #pragma unroll
@@ -342,12 +360,11 @@ struct ExpertStream {
     if (!kResidentAct && threadIdx.x / 32 == 0) issue_activations(k + kActBuffers);
   }
 
-  // Every copy has landed and been read (the caller passed a block barrier): the barriers go.
+  // Every copy has landed and been read (the caller passed a block barrier): the barriers go, a
+  // thread each (one thread in series sat on the critical path of every stream's tail).
   __device__ void invalidate_barriers() const {
-    if (threadIdx.x == 0) {
-      device::barrier_inval(s.full, kWarpsPerBlock * kMaxRingSlots);
-      device::barrier_inval(s.act_full, kActBuffers);
-    }
+    if (threadIdx.x < kBarriers)
+      device::barrier_inval(threadIdx.x < kRingBarriers ? &s.full[threadIdx.x] : &s.act_full[threadIdx.x - kRingBarriers], 1);
   }
 };
 
@@ -363,8 +380,11 @@ __device__ inline void gate_up_body(const ExpertsTileParams& p, const StreamShap
     const StreamSmem s(smem, shape);
     quantize_rows(p, 0, p.batch, s.act, s.row_partial);
   }
-  wait();  // the routing (and the work list or h) come from upstream
-  ExpertStream<2, kInBlock, kSet> stream(p, shape, maps, smem, gate_up_row_groups(p.inter), r.first(), r.stride());
+  // The routing (and the work list or h) come from upstream; the shared experts' stream needs none
+  // of it (its list is from the slot ids alone), so its list and first weights come first.
+  if (!(kInBlock && stream_runs<kSet>(shape.set, ExpertSet::kShared))) wait();
+  ExpertStream<2, kInBlock, kSet> stream(p, shape, maps, smem, gate_up_row_groups(p.inter), r.first(), r.stride(), wait);
+  wait();
   // (the prepare kernel's job otherwise; the routed stream's when gate/up is split)
   if (kInBlock && !stream_runs<kSet>(shape.set, ExpertSet::kShared) && r.first() == 0) reset_chunk_counters(p);
   stream.start_activations(p);
@@ -406,7 +426,7 @@ __device__ inline void gate_up_body(const ExpertsTileParams& p, const StreamShap
 template <bool kInBlock, class Range, class Wait>
 __device__ inline void down_body(const ExpertsTileParams& p, const StreamShape& shape, const StreamMaps& maps, const Range& r,
                                  char* smem, Wait& wait) {
-  ExpertStream<1, kInBlock> stream(p, shape, maps, smem, down_row_chunks(p.hidden), r.first(), r.stride());
+  ExpertStream<1, kInBlock> stream(p, shape, maps, smem, down_row_chunks(p.hidden), r.first(), r.stride(), wait);
   wait();  // act_mid comes from the gate/up kernel
   stream.start_activations(p);
   device::mark(wait, device::Mark::kStreamReady, -1);

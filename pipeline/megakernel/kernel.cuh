@@ -128,6 +128,7 @@ __device__ __forceinline__ void wait_deps(const KernelArgs& a, const Dep* deps, 
 template <bool kMarks>
 struct CounterWaitOf {
   static constexpr bool kSharedMemoryReused = true;
+  static constexpr bool kPrologueExposed = true;
   const KernelArgs& a;
   const Dep* deps;
   int count;

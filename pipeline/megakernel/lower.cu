@@ -305,6 +305,12 @@ class Lowering {
     moe::ExpertsPlan plan;  // planned for the fewer blocks: down's shape then holds its lanes' items too
     if (Status s = moe::plan_experts_for_grid(m, gate_up_blocks, body_smem(), in_block, &plan); !s.ok())
       return Status(s.code(), detail::concat(layer_name(stages_[si].layer, "moe.gate_up"), ": ", s.message()));
+    // Up to 8 tokens (in-block lists, set up after the routing): an item's pieces (at least two)
+    // are issued before the first item computes, the rest of the ring as items compute. The whole
+    // ring at once held the first item back: every SM issues at the same moment, and the copies
+    // stall at issue until the memory system takes them.
+    if (in_block)
+      for (moe::StreamShape* shape : {&plan.gate_up, &plan.down}) shape->first_fills = std::max(2, shape->pieces_per_item());
     moe::ExpertsTileParams e = plan.params;
     e.h_settled = in_block;
     const char* ws_end = static_cast<const char*>(m.workspace) + m.workspace_bytes;

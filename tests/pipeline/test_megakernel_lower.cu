@@ -193,6 +193,11 @@ TEST(MegakernelLower, MoeLayersAreSeparateInstructions) {
         const bool shared = ins.params.moe_stream.shape.set == moe::ExpertSet::kShared;
         EXPECT_EQ(has(late, routing), !shared) << p.info[i].name;  // the shared experts need no routing
       }
+      if (ops[i] == Opcode::kMoeGateUp || ops[i] == Opcode::kMoeDown) {  // in-block rings start at an item's pieces
+        const moe::StreamShape& shape = ins.params.moe_stream.shape;
+        EXPECT_EQ(shape.first_fills, in_block ? std::max(2, shape.pieces_per_item()) : 0) << p.info[i].name;
+        EXPECT_LE(shape.first_fills, shape.slots) << p.info[i].name;
+      }
       if (ops[i] == Opcode::kMoeQuantize)  // the experts' input needs x, not the routing
         EXPECT_FALSE(has(early, routing) || has(late, routing) || has(late, Opcode::kRouterGemv)) << p.info[i].name;
     }

@@ -76,6 +76,8 @@ enum class MegakernelMark {
   kItemComputed, // warp 0 is done with the item's weights (before the epilogue and block barrier)
   kItemEnd,      // the block is done with the item; value: ns warp 0 waited for its weights
   kCombine,      // the down stream's ordered combine starts; value: row chunks it combines
+  kListBuilt,    // an expert stream's work list and item table are in shared memory
+  kRingStarted,  // an expert stream's first weights are issued
 };
 struct MegakernelMarkTime {
   MegakernelMark mark = MegakernelMark::kItemBegin;
