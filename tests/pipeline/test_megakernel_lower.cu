@@ -230,9 +230,9 @@ TEST(MegakernelLower, ProloguesWaitOnlyForSettledData) {
 
 // Kimi's top-k runs a block per token (sigmoid scores, no group stage); up to 8 tokens its blocks
 // reach gate/up only once the routing is out, and every other block waits there for it. So gate/up
-// leaves those blocks out and hands their items to the others: all of them still run (the lanes
-// stride by the lane count), and down takes every block, its light lanes on the blocks with
-// gate/up's heavy ones.
+// leaves those blocks out (at one token the shared stream's too) and hands their items to the
+// others: all of them still run (the lanes stride by the lane count), and down takes every block,
+// its light lanes on the blocks with gate/up's heavy ones.
 TEST(MegakernelLower, SharedExpertsRunBesideTheRoutingAndTheTopkBlockSkipsGateUp) {
   {  // Above one token gate/up stays one stream, right after the top-k, without the top-k's blocks.
     const Program p = lowered(stages_of(ModelConfig::kimi_linear_48b(), 8, 16));
@@ -287,11 +287,14 @@ TEST(MegakernelLower, SharedExpertsRunBesideTheRoutingAndTheTopkBlockSkipsGateUp
       EXPECT_FALSE(depends_on(shared, topk) || depends_on(shared, router)) << p.info[shared].name;
       for (int b = 0; b < p.grid; ++b)
         if (runs(b, shared)) EXPECT_FALSE(runs(b, router) || runs(b, topk)) << p.info[shared].name << ": block " << b;
-      // The routed stream leaves out the top-k's block and depends on the routing, not on the
-      // shared stream (their act_mid rows are disjoint); down depends on both.
-      const int topk_block = block_of_lane(topk, 0);
-      EXPECT_EQ(p.instructions[i].h.tiles, p.grid - 1) << p.info[i].name;
+      // The routed stream leaves out the top-k's block and the shared stream's (they reach it last),
+      // and depends on the routing, not on the shared stream (their act_mid rows are disjoint);
+      // down depends on both.
+      const int topk_block = block_of_lane(topk, 0), lanes = p.grid - 1 - p.instructions[shared].h.tiles;
+      EXPECT_EQ(p.instructions[i].h.tiles, lanes) << p.info[i].name;
       EXPECT_FALSE(runs(topk_block, i)) << p.info[i].name;
+      for (int b = 0; b < p.grid; ++b)
+        if (runs(b, shared)) EXPECT_FALSE(runs(b, i)) << p.info[i].name << ": block " << b << " runs both gate/up streams";
       EXPECT_TRUE(depends_on(i, topk)) << p.info[i].name;
       EXPECT_FALSE(depends_on(i, shared)) << p.info[i].name;
       ASSERT_EQ(p.instructions[i + 1].h.op, Opcode::kMoeDown);
@@ -302,10 +305,10 @@ TEST(MegakernelLower, SharedExpertsRunBesideTheRoutingAndTheTopkBlockSkipsGateUp
       // Each lane's share of the most routed items a layer can have fits the planned item table.
       const int items = moe::max_passes(op.p.batch, op.p.num_experts, 0, op.p.top_k, op.p.tokens_per_pass) *
                         moe::gate_up_row_groups(op.p.inter);
-      EXPECT_LE((items + p.grid - 2) / (p.grid - 1), op.shape.max_items) << p.info[i].name;
-      if (batch == 1) EXPECT_LE((items + p.grid - 2) / (p.grid - 1), 2) << "routed items per lane at batch 1";
+      EXPECT_LE((items + lanes - 1) / lanes, op.shape.max_items) << p.info[i].name;
+      if (batch == 1) EXPECT_LE((items + lanes - 1) / lanes, 3) << "routed items per lane at batch 1";
       // gate/up's heavy lanes (one item more; the last to reach down) take down's highest lanes.
-      const int heavy_gate_up = items % (p.grid - 1);
+      const int heavy_gate_up = items % lanes;
       for (int lane = 0; lane < heavy_gate_up; ++lane) {
         const int down_lane = (block_of_lane(i, lane) + p.instructions[i + 1].h.lane_offset) % p.grid;
         EXPECT_GE(down_lane, p.grid - heavy_gate_up) << p.info[i + 1].name << ": gate/up lane " << lane;
