@@ -216,7 +216,7 @@ void write_trace_csv(const Megakernel& mk, const std::vector<encore::pipeline::M
   std::FILE* h = std::fopen((path.substr(0, path.size() - 4) + "_marks.csv").c_str(), "w");
   if (!h) return;
   static const char* const kMarks[] = {"stream_ready", "item_begin", "item_weights", "item_computed", "item_end", "combine", "list_built", "ring_started"};
-  static_assert(std::size(kMarks) == std::size_t(encore::pipeline::MegakernelMark::kRingStarted) + 1, "a name per mark");
+  static_assert(std::size(kMarks) == std::size_t(encore::pipeline::kMegakernelMarkKinds), "a name per mark");
   std::fprintf(h, "index,block,mark,item,us,value\n");
   for (std::size_t i = 0; i < t.size(); ++i)
     for (const auto& b : t[i].per_block)

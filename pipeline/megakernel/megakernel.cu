@@ -29,6 +29,7 @@ static_assert(int(MegakernelMark::kStreamReady) == int(device::Mark::kStreamRead
               int(MegakernelMark::kItemComputed) == int(device::Mark::kItemComputed) &&
               int(MegakernelMark::kItemEnd) == int(device::Mark::kItemEnd) &&
               int(MegakernelMark::kCombine) == int(device::Mark::kCombine) &&
+              int(MegakernelMark::kListBuilt) == int(device::Mark::kListBuilt) &&
               int(MegakernelMark::kRingStarted) == int(device::Mark::kRingStarted));
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
@@ -244,7 +245,7 @@ Status Megakernel::trace(cudaStream_t stream, std::vector<MegakernelInstructionT
     for (std::uint32_t j = 0; j < n; ++j) {
       const megakernel::MarkEntry& e = marks[std::size_t(b) * megakernel::kMarksPerBlock + j];
       const int at = e.instruction >= 0 && e.instruction < count_ ? entry[std::size_t(e.instruction) * grid_ + b] : -1;
-      ENCORE_REQUIRE(at >= 0 && e.mark <= std::uint32_t(MegakernelMark::kRingStarted), StatusCode::kCudaError, "Megakernel::trace: block ",
+      ENCORE_REQUIRE(at >= 0 && e.mark < std::uint32_t(kMegakernelMarkKinds), StatusCode::kCudaError, "Megakernel::trace: block ",
                      b, "'s mark ", j, " (kind ", e.mark, ") names instruction ", e.instruction, ", which the block did not run");
       out[e.instruction].per_block[at].marks.push_back({MegakernelMark(e.mark), e.item, us(e.ns), e.value});
     }

@@ -79,6 +79,7 @@ enum class MegakernelMark {
   kListBuilt,    // an expert stream's work list and item table are in shared memory
   kRingStarted,  // an expert stream's first weights are issued
 };
+inline constexpr int kMegakernelMarkKinds = int(MegakernelMark::kRingStarted) + 1;  // (the last one above)
 struct MegakernelMarkTime {
   MegakernelMark mark = MegakernelMark::kItemBegin;
   int item = -1;
