@@ -10,7 +10,8 @@
 //     producers' counters in the megakernel. Every thread calls it at the same point; calls after
 //     the first return at once, so a body that runs several tiles may call it per tile.
 //   * Shared memory: carved from the one dynamic buffer the caller passes (1024-byte aligned in the
-//     megakernel); no static __shared__.
+//     megakernel); no static __shared__. What a body leaves there for the block's next body is
+//     announced and checked through the policy (leave_handoff / handoff_from_previous below).
 //   * Coherence: data written earlier in the same launch is read with coherent loads (plain or
 //     ld.global.cg), never __ldg / ld.global.nc; weights and step inputs may use the read-only path.
 //   * On return: no asynchronous copy is in flight, and when another body follows in the same block
@@ -97,6 +98,31 @@ __device__ __forceinline__ bool marking(const Wait& wait) {
 template <class Wait>
 __device__ __forceinline__ void mark(Wait& wait, Mark m, int item, std::uint32_t value = 0) {
   if constexpr (Marks<Wait>) wait.mark(m, item, value);
+}
+
+// Shared memory handed to the next instruction: a body that leaves something in its shared memory
+// for the body of the block's next instruction (the MoE gate/up leaves its work list for down) says
+// so with leave_handoff(); the next body asks handoff_from_previous(), true only when the block's
+// previous instruction in this launch was the one that left it. Only the megakernel's policy keeps
+// shared memory from one body to the next; with the others (standalone kernels) these are a no-op
+// and false.
+template <class Wait>
+concept HandsOff = requires(Wait& wait) {
+  wait.leave_handoff();
+  wait.handoff_from_previous();
+};
+
+template <class Wait>
+__device__ __forceinline__ void leave_handoff(Wait& wait) {
+  if constexpr (HandsOff<Wait>) wait.leave_handoff();
+}
+
+template <class Wait>
+__device__ __forceinline__ bool handoff_from_previous(const Wait& wait) {
+  if constexpr (HandsOff<Wait>)
+    return wait.handoff_from_previous();
+  else
+    return false;
 }
 
 __device__ __forceinline__ std::uint64_t global_ns() {

@@ -117,10 +117,11 @@ struct StreamMaps {
   CUtensorMap mat[2];
 };
 
-// Shared memory of a stream block: barriers | item table | ring | activations |
-// (gate/up) silu(g)*u of two items and one quantiser block per warp | (down) combine flags |
-// (small batches) the block's work list. The list's build scratch (PlanSmem) borrows the ring
-// before the first weights are issued.
+// Shared memory of a stream block: barriers | (small batches) the block's work list | item table |
+// ring | activations | (gate/up) silu(g)*u of two items and one quantiser block per warp | (down)
+// combine flags. The list's build scratch (PlanSmem) borrows the ring before the first weights are
+// issued. The list sits at the same offset in both streams (the plans give them the same list
+// capacity), so a block's down stream takes the list its gate/up stream just built (handoff).
 struct StreamSmem {
   std::uint64_t* full;        // [warps][kMaxRingSlots] one phase per fill of a ring buffer
   std::uint64_t* act_full;    // [kActBuffers]
@@ -139,6 +140,11 @@ struct StreamSmem {
     device::SmemAllocator a(base);
     full = a.take<std::uint64_t>(kWarpsPerBlock * kMaxRingSlots, 8);
     act_full = a.take<std::uint64_t>(kActBuffers, 8);
+    list.num_passes = a.take<int>(s.in_block() ? 1 : 0);
+    list.passes = a.take<int4>(s.list_passes);
+    list.entry_token = a.take<int>(s.list_entries);
+    list.entry_weight = a.take<float>(s.list_entries);
+    list.token_entries = a.take<int>(s.list_entries);
     items = a.take<int4>(s.max_items);
     tokens = a.take<int>(s.gather ? std::size_t(s.max_items) * s.tokens : 0);
     ring = a.take<char>(std::size_t(kWarpsPerBlock) * s.slots * s.slot_bytes(), 128);
@@ -146,11 +152,6 @@ struct StreamSmem {
     mid = a.take<float>(s.gather ? 2 * std::size_t(s.tokens) * kGateUpRows : 0);
     scratch = a.take<char>(s.gather ? std::size_t(kWarpsPerBlock) * q4k::kActBlockBytes : 0);
     last = a.take<int>(s.gather ? 0 : s.max_items);
-    list.num_passes = a.take<int>(s.in_block() ? 1 : 0);
-    list.passes = a.take<int4>(s.list_passes);
-    list.entry_token = a.take<int>(s.list_entries);
-    list.entry_weight = a.take<float>(s.list_entries);
-    list.token_entries = a.take<int>(s.list_entries);
     row_partial = a.take<float>(s.resident_act() ? s.tokens * s.k_blocks : 0);
     bytes = a.used();
   }
@@ -185,7 +186,8 @@ struct ExpertStream {
   // the items. The work list comes from the prepare kernel, or is built here from the routing;
   // either finished before the gate/up kernel passed its PDL wait and let the down kernel start,
   // so the down kernel runs this before its own wait (global data read through L2, ld.cg).
-  // start_activations() follows the wait. (`wait` only for its marks, in trace mode.)
+  // start_activations() follows the wait. `wait`: its marks (trace mode) and the list handed from gate/up to
+  // down on one block (the megakernel: device::handoff_from_previous).
   template <class Wait>
   __device__ ExpertStream(const ExpertsTileParams& p, const StreamShape& sh, const StreamMaps& maps, char* smem, int row_groups,
                           int first, int stride, Wait& wait)
@@ -205,10 +207,12 @@ struct ExpertStream {
     if constexpr (kInBlock) {
       if (stream_runs<kSet>(sh.set, ExpertSet::kShared)) {
         build_shared_list(p, list);
-      } else {
+      } else if (NMAT == 2 || !device::handoff_from_previous(wait)) {
         // (only the gate/up kernel's first block reports bad ids: one writer of the flag)
         build_work_list(p, list, *reinterpret_cast<PlanSmem*>(s.ring), NMAT == 2 && first == 0);
         device::fence_proxy_async();  // the ring's generic writes come before its bulk copies
+        // The whole list (the shared experts' passes too): this block's down stream, next, keeps it.
+        if (NMAT == 2) device::leave_handoff(wait);
       }
     }
     // The pass count and the passes this block may get load together (one round trip); entries

@@ -136,12 +136,19 @@ struct CounterWaitOf {
   int instruction, lane;
   bool waited = false;
   std::uint32_t marks = 0;  // (thread 0, trace mode) the block's marks so far in this launch
+  std::uint32_t* handoff = nullptr;  // the block's handoff word (SmemLayout)
   __device__ __forceinline__ void operator()() {
     if (waited) return;
     waited = true;
     wait_deps(a, deps, count, step, instruction, lane);
     if (a.trace && threadIdx.x == 0) a.trace[std::int64_t(instruction) * gridDim.x + blockIdx.x].ready = global_ns();
   }
+  // Shared memory left for the block's next instruction (device::leave_handoff): thread 0 notes the
+  // instruction; every body's end and the next one's start are a block barrier apart.
+  __device__ __forceinline__ void leave_handoff() const {
+    if (threadIdx.x == 0) *handoff = std::uint32_t(instruction) + 1u;
+  }
+  __device__ __forceinline__ bool handoff_from_previous() const { return *handoff == std::uint32_t(instruction); }
   // The bodies' marks (device::mark): thread 0 appends to its block's list.
   __device__ __forceinline__ bool marking() const
     requires kMarks
@@ -315,6 +322,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) megakernel(const 
     const int length = row[0];
     for (int k = threadIdx.x; k <= length; k += kBlockThreads) layout.schedule[k] = row[k];
   }
+  if (threadIdx.x == 0) *layout.handoff = 0;  // (shared memory is not this launch's yet)
   __syncthreads();
   auto instruction_at = [&](int k, int& cursor) {  // the k-th instruction this block runs (cursor: stress scan)
     if (!stress) return k < layout.schedule[0] ? int(layout.schedule[1 + k]) : a.count;
@@ -337,7 +345,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) megakernel(const 
     if (a.trace && threadIdx.x == 0) a.trace[std::int64_t(i) * grid + blockIdx.x].start = global_ns();
     CounterWait early{a, ins.deps, h.early_deps, step, i, lane};
     early();
-    CounterWait late{a, ins.deps + h.early_deps, h.late_deps, step, i, lane, false, marks};
+    CounterWait late{a, ins.deps + h.early_deps, h.late_deps, step, i, lane, false, marks, layout.handoff};
     // Lanes stride by the instruction's lane count: an instruction may leave blocks out (the MoE
     // gate/up skips the top-k's blocks), and its dynamic items must still all be taken.
     if (!a.skip_bodies) run<NTOK>(slot, h.op, TileRange{lane, min(grid, int(h.tiles))}, late);

@@ -186,7 +186,7 @@ class Lowering {
     gemv::GemvPlan plan;
     ops::GemvLaunch launch;
     launch.core = stages_[si].gemv_core;  // the graph path's core: the same plan, hence the same sums
-    ENCORE_RETURN_IF_ERROR(gemv::plan_op(a, target_.sms, &plan, launch));
+    ENCORE_RETURN_IF_ERROR(gemv::plan_op(a, target_.plan_sms > 0 ? target_.plan_sms : target_.sms, &plan, launch));
     // The launcher's plan (same row split and activation chunks, so the same sums) with the
     // deepest weight ring that fits beside the program: at one block per SM, one block keeps as many
     // bytes in flight as the launcher's two.
@@ -302,18 +302,8 @@ class Lowering {
                                 ? nodes_.back().ins.h.tiles
                                 : 0;
     const int gate_up_blocks = out_.grid - topk_blocks;
-    // One token with shared experts: gate/up as two instructions. The shared experts' stream needs
-    // no routing, so it runs on the blocks the router leaves idle while the routing is computed
-    // (one pass per shared expert at one token); the routed stream, on the critical path, leaves
-    // those blocks out where the others can take its items: they finish the shared stream about
-    // when the routing is out, and then came last out of the routed stream (bench/notes/). Their
-    // act_mid rows are disjoint (the shared entries sit after batch * top_k: moe_work_list.cuh). At
-    // 4 tokens the shared item outlasts the routing and the split measured slower.
-    const bool split = in_block && m.batch == 1 && m.num_shared > 0 && out_.grid > 1;
-    const int shared_lanes = split ? std::min(gate_up_blocks, m.num_shared * moe::gate_up_row_groups(m.inter)) : 0;
-    const int routed_blocks = split && gate_up_blocks - shared_lanes >= shared_lanes ? gate_up_blocks - shared_lanes : gate_up_blocks;
-    moe::ExpertsPlan plan;  // planned for the fewest blocks: down's shape then holds its lanes' items too
-    if (Status s = moe::plan_experts_for_grid(m, routed_blocks, body_smem(), in_block, &plan); !s.ok())
+    moe::ExpertsPlan plan;  // planned for the fewer blocks: down's shape then holds its lanes' items too
+    if (Status s = moe::plan_experts_for_grid(m, gate_up_blocks, body_smem(), in_block, &plan); !s.ok())
       return Status(s.code(), detail::concat(layer_name(stages_[si].layer, "moe.gate_up"), ": ", s.message()));
     // Up to 8 tokens (in-block lists, set up after the routing): an item's pieces (at least two)
     // are issued before the first item computes, the rest of the ring as items compute. The whole
@@ -321,6 +311,9 @@ class Lowering {
     // stall at issue until the memory system takes them.
     if (in_block)
       for (moe::StreamShape* shape : {&plan.gate_up, &plan.down}) shape->first_fills = std::max(2, shape->pieces_per_item());
+    // A block's down stream takes the work list its gate/up stream built, at the same offset.
+    ENCORE_REQUIRE(plan.gate_up.list_passes == plan.down.list_passes && plan.gate_up.list_entries == plan.down.list_entries,
+                   StatusCode::kUnsupported, layer_name(stages_[si].layer, "moe.down"), ": the streams' work lists differ in size");
     moe::ExpertsTileParams e = plan.params;
     e.h_settled = in_block;
     const char* ws_end = static_cast<const char*>(m.workspace) + m.workspace_bytes;
@@ -350,13 +343,21 @@ class Lowering {
       return moe::encode_experts_maps(m, plan, reinterpret_cast<moe::StreamMaps*>(maps), reinterpret_cast<moe::StreamMaps*>(maps + 2));
     });
     const auto* maps = reinterpret_cast<const moe::StreamMaps*>(map_table_ + slot);
+    // One token with shared experts: gate/up as two instructions. The shared experts' stream needs
+    // no routing, so it runs on the blocks the router leaves idle while the routing is computed;
+    // the routed stream, on the critical path, has fewer items per lane. Their act_mid rows are
+    // disjoint (the shared entries sit after batch * top_k: moe_work_list.cuh). At 4 tokens the
+    // shared item outlasts the routing and the split measured slower (bench/notes/).
+    const bool split = in_block && m.batch == 1 && m.num_shared > 0 && out_.grid > 1;
     const int routed_passes = split ? moe::max_passes(m.batch, m.num_experts, 0, m.top_k, e.tokens_per_pass) : passes;
     const int gate_up_items = routed_passes * moe::gate_up_row_groups(m.inter);
-    const int gate_up_lanes = std::min(routed_blocks, gate_up_items);
+    const int gate_up_lanes = std::min(gate_up_blocks, gate_up_items);
     const std::size_t mid_row = std::size_t(e.inter_blocks) * q4k::kActBlockBytes, routed_rows = std::size_t(m.batch) * m.top_k;
     const Access mid_routed = bytes_of(e.act_mid, routed_rows * mid_row, true);
     if (split) {
-      Node& s = add(Opcode::kMoeGateUp, shared_lanes, si, "moe.shared_gate_up", plan.gate_up_smem);
+      const int shared_passes = m.num_shared * ((m.batch + e.tokens_per_pass - 1) / e.tokens_per_pass);
+      Node& s = add(Opcode::kMoeGateUp, std::min(gate_up_blocks, shared_passes * moe::gate_up_row_groups(m.inter)), si,
+                    "moe.shared_gate_up", plan.gate_up_smem);
       s.ins.params.moe_stream = {e, plan.gate_up, maps};
       s.ins.params.moe_stream.shape.set = moe::ExpertSet::kShared;
       s.info.accesses = {read(x_rows, true), bytes_of(e.act_mid + routed_rows * mid_row, std::size_t(m.batch) * m.num_shared * mid_row, true)};
@@ -366,9 +367,7 @@ class Lowering {
       g.ins.params.moe_stream = {e, plan.gate_up, maps};
       if (split) {
         g.ins.params.moe_stream.shape.set = moe::ExpertSet::kRouted;
-        // Lane 0 after the shared stream's last block (the top-k's and the shared stream's are left
-        // out), or, where it keeps them, on the shared stream's first (the top-k's are left out).
-        if (topk_blocks > 0 && routed_blocks == gate_up_blocks) g.lane0_after_previous = 0;
+        if (topk_blocks > 0) g.lane0_after_previous = 0;  // from the shared stream's first block: the top-k's are left out
       }
       if (in_block)  // the routing after the quantised input; lane 0 resets the combine's counters, reports bad ids
         g.info.accesses = {read(x_rows, true), ids, weights, chunks, flag, split ? mid_routed : act_mid};

@@ -35,9 +35,10 @@
 namespace encore::pipeline::megakernel {
 
 struct Target {
-  int sms = 0;                     // the device's SM count: the GEMV plans (the graph path's)
+  int sms = 0;                     // SMs the megakernel runs on
   std::size_t smem_per_block = 0;  // opt-in dynamic shared memory per block
   int blocks_per_sm = 1;           // resident blocks per SM: the grid is sms * blocks_per_sm
+  int plan_sms = 0;                // the device's SM count, for the GEMV plans (the graph path's sums); 0: sms
 };
 
 // Maps an instruction needs, encoded by the caller into table slots [slot, slot + count).

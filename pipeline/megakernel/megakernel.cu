@@ -70,8 +70,11 @@ Status Megakernel::build(Pipeline& pipeline, Megakernel& out, const MegakernelOp
   ENCORE_REQUIRE(cooperative, StatusCode::kUnsupported, "Megakernel::build: the device does not support cooperative launches");
   ENCORE_REQUIRE(options.blocks_per_sm == 1 || options.blocks_per_sm == 2, StatusCode::kInvalidArgument,
                  "Megakernel::build: blocks_per_sm must be 1 or 2 (got ", options.blocks_per_sm, ")");
-  const megakernel::Target target{detail::sm_count(), std::size_t(detail::max_shared_memory_per_block(options.blocks_per_sm)),
-                                  options.blocks_per_sm};
+  ENCORE_REQUIRE(options.sms >= 0, StatusCode::kInvalidArgument, "Megakernel::build: sms must be 0 (all) or positive (got ",
+                 options.sms, ")");
+  const int sms = options.sms > 0 ? std::min(options.sms, detail::sm_count()) : detail::sm_count();
+  const megakernel::Target target{sms, std::size_t(detail::max_shared_memory_per_block(options.blocks_per_sm)),
+                                  options.blocks_per_sm, detail::sm_count()};
 
   // Lowered twice: first to size the device allocation, then with the map table's real address.
   megakernel::Program program;

@@ -139,19 +139,23 @@ struct MarkEntry {
 };
 inline constexpr int kMarksPerBlock = 4096;
 
-// The kernel's shared memory: two instruction slots, the block's schedule (the instructions it has
-// a tile of, in order), then what the bodies carve (split-KV aligns its part itself). Small: the
-// largest bodies leave only about 2 KB of the block's shared memory free.
+// The kernel's shared memory: two instruction slots, the handoff word (common/body.cuh: 1 + the
+// instruction whose body left shared memory for the next one, 0 for none), the block's schedule
+// (the instructions it has a tile of, in order), then what the bodies carve (split-KV aligns its
+// part itself). Small: the largest bodies leave only about 2 KB of the block's shared memory free.
 inline constexpr std::size_t kReservedSmem = 1920;
-inline constexpr int kMaxProgram = int((kReservedSmem - 2 * sizeof(Instruction)) / sizeof(std::uint16_t)) - 1;
+inline constexpr int kMaxProgram =
+    int((kReservedSmem - 2 * sizeof(Instruction) - sizeof(std::uint32_t)) / sizeof(std::uint16_t)) - 1;
 struct SmemLayout {
   Instruction* slots[2];  // (kernel.cuh indexes them from the base as well)
+  std::uint32_t* handoff;
   std::uint16_t* schedule;  // [0]: length, then instruction indices
   char* body;
   __host__ __device__ explicit SmemLayout(char* base) {
     slots[0] = reinterpret_cast<Instruction*>(base);
     slots[1] = slots[0] + 1;
-    schedule = reinterpret_cast<std::uint16_t*>(slots[0] + 2);
+    handoff = reinterpret_cast<std::uint32_t*>(slots[0] + 2);
+    schedule = reinterpret_cast<std::uint16_t*>(handoff + 1);
     body = base + kReservedSmem;
   }
 };

@@ -137,6 +137,23 @@ TEST_P(MegakernelTiny, MatchesTheGraphBitForBit) {
   ENCORE_OK(mk.read_status(stream));
 }
 
+// On 5 SMs (MegakernelOptions::sms) the tiny model's instructions run several rounds of tiles per
+// block: still the graph's bits, with and without the stress mode's permuted lanes and delays.
+TEST_P(MegakernelTiny, OnFewSmsMatchesTheGraphBitForBit) {
+  SCOPED_TRACE(seed);
+  DecodeGraph graph;
+  ENCORE_OK(DecodeGraph::capture(*p, stream, graph));
+  MegakernelOptions options;
+  options.sms = 5;
+  options.stress = GetParam().stress;
+  options.stress_seed = std::uint32_t(seed) | 1u;
+  Megakernel mk;
+  ENCORE_OK(Megakernel::build(*p, mk, options));
+  EXPECT_EQ(mk.grid(), 5);
+  expect_paths_agree(*p, graph, mk, StepPlan{p->batch(), 4, 4}, int(test::env_int("ENCORE_MEGAKERNEL_STEPS", 16)), stream);
+  ENCORE_OK(mk.read_status(stream));
+}
+
 INSTANTIATE_TEST_SUITE_P(Tiny, MegakernelTiny,
                          ::testing::Values(TinyCase{false, 3, false}, TinyCase{true, 3, false}, TinyCase{false, 1, false},
                                            TinyCase{true, 1, false}, TinyCase{false, 3, true}, TinyCase{true, 3, true},
@@ -411,6 +428,10 @@ TEST_P(MegakernelGpu, BadOptionsFailBeforeAnythingRuns) {
   EXPECT_EQ(Megakernel::build(*p, mk, o).code(), StatusCode::kInvalidArgument);
   o.break_dependency_of = -1;
   o.blocks_per_sm = 3;  // (what two blocks per SM refuses is CPU-tested: MegakernelLower.TwoBlocksPerSm)
+  EXPECT_EQ(Megakernel::build(*p, mk, o).code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(mk.valid());
+  o.blocks_per_sm = 1;
+  o.sms = -1;
   EXPECT_EQ(Megakernel::build(*p, mk, o).code(), StatusCode::kInvalidArgument);
   EXPECT_FALSE(mk.valid());
 }
