@@ -358,14 +358,9 @@ class Lowering {
       const int shared_passes = m.num_shared * ((m.batch + e.tokens_per_pass - 1) / e.tokens_per_pass);
       Node& s = add(Opcode::kMoeGateUp, std::min(gate_up_blocks, shared_passes * moe::gate_up_row_groups(m.inter)), si,
                     "moe.shared_gate_up", plan.gate_up_smem);
-      // Its list needs no routing and its weights nothing at all: list and ring first, then the
-      // wait for x (its body's, not the prologue's), then x quantised while the weights land. (x
-      // before the ring put the input's quantisation and the first weights' latency in series on
-      // the critical path.)
       s.ins.params.moe_stream = {e, plan.gate_up, maps};
       s.ins.params.moe_stream.shape.set = moe::ExpertSet::kShared;
-      s.ins.params.moe_stream.p.h_settled = false;
-      s.info.accesses = {read(x_rows), bytes_of(e.act_mid + routed_rows * mid_row, std::size_t(m.batch) * m.num_shared * mid_row, true)};
+      s.info.accesses = {read(x_rows, true), bytes_of(e.act_mid + routed_rows * mid_row, std::size_t(m.batch) * m.num_shared * mid_row, true)};
     }
     {
       Node& g = add(Opcode::kMoeGateUp, gate_up_lanes, si, "moe.gate_up", plan.gate_up_smem);
