@@ -161,18 +161,9 @@ __device__ inline void build_one_token_list(const ExpertsTileParams& p, const Wo
   if (lane == 0) *out.num_passes = used;
 }
 
-// The small-batch down kernel builds its list before its PDL wait, while the gate/up kernel still
-// runs: the routing it reads is complete by then, but is read through L2 (ld.cg) all the same, so
-// no stale L1 line can serve ids, weights or slot ids. Bad ids of real tokens raise the error
-// flag when `report_errors`. Everything global is loaded in one round trip at the start (the
-// build sits on the critical path of both small-batch stream kernels). Ends with a block
-// barrier: the list is complete and `s` is free again.
-__device__ inline void build_work_list(const ExpertsTileParams& p, const WorkList& out, PlanSmem& s, bool report_errors) {
-  if (p.batch == 1) {  // the last warp: thread 0 may still be initialising the block's barriers
-    if (threadIdx.x / 32 == kWarpsPerBlock - 1) build_one_token_list(p, out, report_errors);
-    __syncthreads();
-    return;
-  }
+// Any batch: per expert a token mask (shared-memory atomics), one block scan of the experts'
+// entry and pass counts, then the entries. Ends with a block barrier.
+__device__ inline void build_scanned_list(const ExpertsTileParams& p, const WorkList& out, PlanSmem& s, bool report_errors) {
   const int experts = p.num_experts + p.num_shared;
   const int per_token = p.top_k + p.num_shared;
   const int slots = p.batch * p.top_k;
@@ -252,6 +243,23 @@ __device__ inline void build_work_list(const ExpertsTileParams& p, const WorkLis
     out.token_entries[t * per_token + s.token_valid[t] + i / p.batch] = at;
   }
   __syncthreads();
+}
+
+// The work list of the routing (ids, weights, slot ids), into `out`: one token by a warp's shuffles,
+// more by the block scan; both give the same list.
+// The small-batch down kernel builds its list before its PDL wait, while the gate/up kernel still
+// runs: the routing it reads is complete by then, but is read through L2 (ld.cg) all the same, so
+// no stale L1 line can serve ids, weights or slot ids. Bad ids of real tokens raise the error flag
+// when `report_errors`. Everything global is loaded in one round trip at the start (the build sits
+// on the critical path of both small-batch stream kernels). Ends with a block barrier: the list is
+// complete and `s` is free again.
+__device__ inline void build_work_list(const ExpertsTileParams& p, const WorkList& out, PlanSmem& s, bool report_errors) {
+  if (p.batch == 1) {  // the last warp: thread 0 may still be initialising the block's barriers
+    if (threadIdx.x / 32 == kWarpsPerBlock - 1) build_one_token_list(p, out, report_errors);
+    __syncthreads();
+  } else {
+    build_scanned_list(p, out, s, report_errors);
+  }
 }
 
 // The shared experts' passes alone, from the slot ids (no routing): the entries build_work_list
