@@ -186,8 +186,8 @@ struct ExpertStream {
   // the items. The work list comes from the prepare kernel, or is built here from the routing;
   // either finished before the gate/up kernel passed its PDL wait and let the down kernel start,
   // so the down kernel runs this before its own wait (global data read through L2, ld.cg).
-  // start_activations() follows the wait. `wait`: its marks (trace mode) and the list handed from gate/up to
-  // down on one block (the megakernel: device::handoff_from_previous).
+  // start_activations() follows the wait. `wait` gives the marks (trace mode) and, in the
+  // megakernel, the list a block's gate/up hands to its down stream (device::leave_handoff).
   template <class Wait>
   __device__ ExpertStream(const ExpertsTileParams& p, const StreamShape& sh, const StreamMaps& maps, char* smem, int row_groups,
                           int first, int stride, Wait& wait)

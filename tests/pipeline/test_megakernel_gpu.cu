@@ -97,6 +97,21 @@ void expect_paths_agree(Pipeline& p, const DecodeStep& graph, const DecodeStep& 
   ENCORE_OK(p.read_errors(stream));
 }
 
+// Captures the graph, builds the megakernel with `options` (stress seeded from `seed`) on the
+// expected grid, and runs both for ENCORE_MEGAKERNEL_STEPS steps (default `steps`) from the same
+// states: every step the same bits.
+void expect_megakernel_matches_graph(Pipeline& p, MegakernelOptions options, std::uint64_t seed, int grid, int steps,
+                                     cudaStream_t stream) {
+  DecodeGraph graph;
+  ENCORE_OK(DecodeGraph::capture(p, stream, graph));
+  options.stress_seed = std::uint32_t(seed) | 1u;
+  Megakernel mk;
+  ENCORE_OK(Megakernel::build(p, mk, options));
+  EXPECT_EQ(mk.grid(), grid);
+  expect_paths_agree(p, graph, mk, StepPlan{p.batch(), 4, 4}, int(test::env_int("ENCORE_MEGAKERNEL_STEPS", steps)), stream);
+  ENCORE_OK(mk.read_status(stream));
+}
+
 struct TinyCase {
   bool rope;
   int batch;
@@ -124,34 +139,19 @@ class MegakernelTiny : public ::testing::TestWithParam<TinyCase> {
 
 TEST_P(MegakernelTiny, MatchesTheGraphBitForBit) {
   SCOPED_TRACE(seed);
-  DecodeGraph graph;
-  ENCORE_OK(DecodeGraph::capture(*p, stream, graph));
   MegakernelOptions options;
   options.stress = GetParam().stress;
-  options.stress_seed = std::uint32_t(seed) | 1u;
-  Megakernel mk;
-  ENCORE_OK(Megakernel::build(*p, mk, options));
-  EXPECT_EQ(mk.grid(), test::sm_count());
-  const int steps = int(test::env_int("ENCORE_MEGAKERNEL_STEPS", 64));
-  expect_paths_agree(*p, graph, mk, StepPlan{p->batch(), 4, 4}, steps, stream);
-  ENCORE_OK(mk.read_status(stream));
+  expect_megakernel_matches_graph(*p, options, seed, test::sm_count(), 64, stream);
 }
 
 // On 5 SMs (MegakernelOptions::sms) the tiny model's instructions run several rounds of tiles per
 // block: still the graph's bits, with and without the stress mode's permuted lanes and delays.
 TEST_P(MegakernelTiny, OnFewSmsMatchesTheGraphBitForBit) {
   SCOPED_TRACE(seed);
-  DecodeGraph graph;
-  ENCORE_OK(DecodeGraph::capture(*p, stream, graph));
   MegakernelOptions options;
   options.sms = 5;
   options.stress = GetParam().stress;
-  options.stress_seed = std::uint32_t(seed) | 1u;
-  Megakernel mk;
-  ENCORE_OK(Megakernel::build(*p, mk, options));
-  EXPECT_EQ(mk.grid(), 5);
-  expect_paths_agree(*p, graph, mk, StepPlan{p->batch(), 4, 4}, int(test::env_int("ENCORE_MEGAKERNEL_STEPS", 16)), stream);
-  ENCORE_OK(mk.read_status(stream));
+  expect_megakernel_matches_graph(*p, options, seed, 5, 16, stream);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, MegakernelTiny,
@@ -186,17 +186,10 @@ TEST_P(MegakernelTwoPerSm, MatchesTheGraphBitForBit) {
   SCOPED_TRACE(seed);
   ENCORE_OK(p->fill_random_weights(seed, stream));
   ENCORE_OK(p->set_batch(GetParam().batch));
-  DecodeGraph graph;
-  ENCORE_OK(DecodeGraph::capture(*p, stream, graph));
   MegakernelOptions options;
   options.blocks_per_sm = 2;
   options.stress = GetParam().stress;
-  options.stress_seed = std::uint32_t(seed) | 1u;
-  Megakernel mk;
-  ENCORE_OK(Megakernel::build(*p, mk, options));
-  EXPECT_EQ(mk.grid(), 2 * test::sm_count());
-  expect_paths_agree(*p, graph, mk, StepPlan{p->batch(), 4, 4}, int(test::env_int("ENCORE_MEGAKERNEL_STEPS", 64)), stream);
-  ENCORE_OK(mk.read_status(stream));
+  expect_megakernel_matches_graph(*p, options, seed, 2 * test::sm_count(), 64, stream);
   CUDA_OK(cudaStreamDestroy(stream));
 }
 
