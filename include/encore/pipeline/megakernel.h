@@ -54,8 +54,8 @@ struct MegakernelOptions {
   // Probe: every body is skipped, so a launch is the program's waits and signals alone, the
   // dependency chain's own time. Its outputs are void; states and caches are left untouched.
   bool chain_only = false;
-  // Plan and launch for this many SMs (blocks_per_sm blocks each) instead of the device's: 0 means
-  // all of them. Fewer blocks give every instruction more tiles per block (tests use it to run
+  // Plan and launch for this many SMs (blocks_per_sm blocks each) instead of the device's: 0 (or
+  // more than the device has) means all of them; negative is refused by build(). Fewer blocks give every instruction more tiles per block (tests use it to run
   // the multi-round paths on tiny models); the results are the same bits.
   int sms = 0;
 };
