@@ -1,5 +1,6 @@
-// Bytes-alone probe of one Kimi-Linear decode step at batch 1 (4K context): the step's stage list
-// (docs/model.md §4-5 byte budget), each stage reading its own distinct bytes, with no math.
+// Bytes-alone probe of one Kimi-Linear decode step at 4K context, batch 1 or BATCH (env): the
+// step's stage list (docs/model.md §4-5 byte budget; pipeline::step_bytes' expected distinct experts
+// and per-sequence states and caches), each stage reading its own distinct bytes, with no math.
 // Variants:
 //   stream   one cooperative kernel reads all stages back to back, no barriers (the floor)
 //   barrier  one cooperative kernel, a grid barrier after every stage (a megakernel with
@@ -34,6 +35,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -278,23 +280,27 @@ __global__ void __launch_bounds__(kThreads, 1) stage_kernel_ring(const char* poo
 }
 
 int main() {
-  // Stage list at batch 1, 4K context (bytes per stage; state r+w counted as reads).
+  // Stage list at 4K context (bytes per stage; state r+w counted as reads). Per sequence: the KDA
+  // states and convolution windows, the MLA cache and partials; the experts: those the batch's
+  // tokens touch in expectation (8 of 256 each, independently) plus the shared one.
+  const int batch = std::getenv("BATCH") ? std::max(1, std::atoi(std::getenv("BATCH"))) : 1;
+  const double touched = 256.0 * (1.0 - std::pow(1.0 - 8.0 / 256.0, batch));
   std::vector<long long> bytes;
   auto add = [&](long long b) { bytes.push_back((std::max(b, 16LL) + 255) / 256 * 256); };
   const bool mla[27] = {0,0,0,1,0,0,0,1,0,0,0,1,0,0,0,1,0,0,0,1,0,0,0,1,0,0,1};
-  add(4608);                                      // embed
+  add(4608LL * batch);                            // embed
   for (int l = 0; l < 27; ++l) {
     if (!mla[l]) {
       add(15925248 + 331776 + 41472 + 9216);       // kda in_proj (q,k,v,f_a,g_a,b) + norm
-      add(2097152 + 2 * 2097152 + 2 * 147456);     // kda op: f_b,g_b + state r+w + conv r+w
+      add(2097152 + batch * (2 * 2097152LL + 2 * 147456)); // kda op: f_b,g_b + state r+w + conv r+w
       add(5308416);                                // o_proj
     } else {
       if (l == 3) add(4096);                       // mla scheduler
       add(7962624 + 746496 + 9216);                // mla in_proj (q, kv_a)
       add(4194304);                                // q_absorb (W_UK)
       add(4096);                                   // kv_append
-      add(4096 * 1152);                            // split-KV: 4K latent cache
-      add(65536);                                  // combine (partials)
+      add(4096LL * 1152 * batch);                  // split-KV: 4K latent cache
+      add(65536LL * batch);                        // combine (partials)
       add(4194304);                                // v_up (W_UV)
       add(5308416);                                // o_proj
     }
@@ -303,7 +309,7 @@ int main() {
       add(11943936);                               // dense down
     } else {
       add(1179648 + 1024 + 9216);                  // router (bf16) + bias + norm
-      add(9LL * 3981312);                          // experts: 8 routed + shared (gate/up + down)
+      add((long long)((touched + 1.0) * 3981312)); // experts: routed + shared (gate/up + down)
     }
   }
   add(212336640 + 9216);                           // lm_head
@@ -326,8 +332,8 @@ int main() {
   for (int c = 0; c < copies; ++c) for (int i = 0; i < n; ++i) offs[c * n + i] = off[i] + c * total;
   CK(cudaMemcpy(d_off, offs.data(), offs.size() * 8, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(d_bytes, bytes.data(), n * 8, cudaMemcpyHostToDevice));
-  std::printf("device %s, %d SMs, grid %d x %d threads; %d stages, %.1f MB per step\n", prop.name,
-              prop.multiProcessorCount, grid, kThreads, n, total / 1e6);
+  std::printf("device %s, %d SMs, grid %d x %d threads; batch %d: %d stages, %.1f MB per step\n", prop.name,
+              prop.multiProcessorCount, grid, kThreads, batch, n, total / 1e6);
 
   cudaStream_t st; CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
