@@ -38,6 +38,7 @@ Status add_moe_buffers(const ModelConfig& c, const BufferOptions& o, TensorArena
   ENCORE_RETURN_IF_ERROR(b.add("moe.topk_ids", DType::kI32, {o.max_batch, e.top_k}));
   ENCORE_RETURN_IF_ERROR(b.add("moe.topk_weights", DType::kF32, {o.max_batch, e.top_k}));
   ENCORE_RETURN_IF_ERROR(b.add("moe.experts_ws", DType::kU8, {experts_ws}));
+  ENCORE_RETURN_IF_ERROR(b.add("moe.router_counter", DType::kI32, {1}));
   return b.add("flags.moe", DType::kI32, {1});
 }
 

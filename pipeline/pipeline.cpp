@@ -141,7 +141,7 @@ Status Pipeline::fill_random_weights(std::uint64_t seed, cudaStream_t stream) {
 
 Status Pipeline::reset_state(cudaStream_t stream) {
   ENCORE_CUDA_TRY(cudaMemsetAsync(state_, 0, std::size_t(state_layout_.total_bytes()), stream));
-  for (const char* word : {"flags.mla", "flags.moe"})
+  for (const char* word : {"flags.mla", "flags.moe", "moe.router_counter"})
     if (void* f = buffer(word)) ENCORE_CUDA_TRY(cudaMemsetAsync(f, 0, sizeof(std::int32_t), stream));
   return {};
 }

@@ -222,8 +222,9 @@ class Builder {
     r.bias = e.selection_bias ? weight<float>(l, "exp_probs_b.bias") : nullptr;
     r.h = x, r.norm_weight = norm, r.norm_eps = c_.rms_eps, r.hidden = c_.hidden, r.batch = B_, r.topk_ids = ids, r.topk_weights = weights, r.slot_ids = slot_ids;
     r.workspace = buffer<void>("moe.router_ws"), r.workspace_bytes = buffer_bytes("moe.router_ws");
-    // (No arrival counter: the one-pass router measured slower than two kernels, 10.6 against
-    // 6.5 us at batch 1; bench/notes/2026-12-05-cpu-session.md.)
+    // One token: one kernel, its last block routing (an arrival counter), a kernel boundary fewer
+    // than the GEMV and the top-k apart; more tokens would queue on that block's warps.
+    if (B_ == 1) r.counter = buffer<std::int32_t>("moe.router_counter");
 
     ops::MoeExpertsParams& m = push(StageKind::kMoeExperts, StageRole::kMoeExperts, l, &StageParams::moe_experts);
     m.gate = weight<q4k::Block>(l, "ffn_gate_exps.weight"), m.up = weight<q4k::Block>(l, "ffn_up_exps.weight");

@@ -251,11 +251,6 @@ __device__ __noinline__ void run_op(int slot, const TileRange r, CounterWait& wa
   } else if constexpr (kOp == Opcode::kRouterTopk) {
     const RouterTopkOp& op = ins.params.router_topk;
     moe::with_topk_form(op.form, [&](auto f) { moe::router_topk_body<decltype(f)>(op.p, r, smem, wait); });
-  } else if constexpr (kOp == Opcode::kRouter) {
-    const RouterOp& op = ins.params.router;
-    moe::with_topk_form(op.form, [&](auto f) {
-      moe::router_fused_body<decltype(f), kRouterTokensPerRound>(op.gemv, op.topk, op.counter, r, smem, wait);
-    });
   } else if constexpr (kOp == Opcode::kMoeList) {
     const moe::ExpertsTileParams& p = ins.params.moe_experts;
     moe::work_list_body(p, r, smem, wait);
@@ -291,7 +286,6 @@ __device__ __forceinline__ void run(int slot, Opcode op, const TileRange r, Coun
     case Opcode::kMlaVUp: return run_op<Opcode::kMlaVUp>(slot, r, wait);
     case Opcode::kRouterGemv: return run_op<Opcode::kRouterGemv>(slot, r, wait);
     case Opcode::kRouterTopk: return run_op<Opcode::kRouterTopk>(slot, r, wait);
-    case Opcode::kRouter: return run_op<Opcode::kRouter>(slot, r, wait);
     case Opcode::kMoeList: return run_op<Opcode::kMoeList>(slot, r, wait);
     case Opcode::kMoeQuantize: return run_op<Opcode::kMoeQuantize>(slot, r, wait);
     case Opcode::kMoeGateUp: return run_op<Opcode::kMoeGateUp>(slot, r, wait);

@@ -33,7 +33,6 @@ enum class Opcode : std::int32_t {
   kMlaVUp,
   kRouterGemv,       // MoE router logits (partial sums per K slice)
   kRouterTopk,       // top-k of every token (a warp per token)
-  kRouter,           // both in one instruction: the last block to finish the logits routes (the router's counter)
   kMoeList,          // the expert work list (batches above 8 tokens)
   kMoeQuantize,      // the experts' int8 input rows (batches above 8 tokens)
   kMoeGateUp,        // expert gate/up items (up to 8 tokens: each block builds the list, quantises the input)
@@ -62,12 +61,6 @@ struct RouterTopkOp {
   moe::RouterTopkParams p;
   moe::TopkForm form;
 };
-struct RouterOp {
-  moe::RouterGemvParams gemv;
-  moe::RouterTopkParams topk;
-  std::int32_t* counter;
-  moe::TopkForm form;  // the last block's top-k (moe::fused_topk_form)
-};
 struct ExpertsOp {
   moe::ExpertsTileParams p;
   moe::StreamShape shape;
@@ -86,7 +79,6 @@ union OpParams {
   ops::MlaVUpParams mla_v_up;
   moe::RouterGemvParams router_gemv;
   RouterTopkOp router_topk;
-  RouterOp router;
   moe::ExpertsTileParams moe_experts;  // list, quantize
   ExpertsOp moe_stream;                // gate/up, down
   OpParams() : embed{} {}

@@ -15,6 +15,7 @@
 //   mla.v_out          fp32 [G][H*128]
 //   mlp.mid            fp32 [G][dense_width]   dense layers only
 //   moe.router_ws, moe.experts_ws        sized by the MoE op's own workspace queries
+//   moe.router_counter                   int32, the one-kernel router's arrival counter (batch 1)
 //   moe.topk_ids int32 / moe.topk_weights fp32 [B][top_k]
 //   logits             fp32 [G][vocab]
 //   flags.mla, flags.moe                 int32 error flags (sticky; the host reads them after a step)
