@@ -2,7 +2,8 @@
 # One full verification pass on a GPU machine, in one call (device time is scarce): the whole
 # test suite, compute-sanitizer (memcheck, racecheck, synccheck) over small cases of every area,
 # and every benchmark to JSON (generation from GGUF files: bench/generate_check.sh, a call of its
-# own). Usage, from the repository root with `build/` built here:
+# own). Usage, from the repository root with `build/` built here
+# (or packed by bench/pack_build.sh):
 #   bash bench/gpu_check.sh [OUT_DIR] [BENCH_FILTER]
 # Prints a short summary last; full logs go to OUT_DIR (default: $OUT, else ./out).
 # PARTS (default "tests sanitizers bench") picks the parts, so the work can be split across calls
@@ -14,6 +15,9 @@ out=${1:-${OUT:-out}}
 filter=${2:-.}
 mkdir -p "$out"
 tests=build/tests
+
+# A build packed elsewhere (bench/pack_build.sh) is unpacked where build/ is missing.
+if [ ! -d build/tests ] && [ -f build_pack/build.tar.xz ]; then tar -xJf build_pack/build.tar.xz; fi
 
 if ! nvidia-smi -L >/dev/null 2>&1; then
   echo "gpu_check: no NVIDIA GPU here" >&2
