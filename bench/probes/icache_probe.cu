@@ -10,6 +10,8 @@
 //           larger than the SM's instruction caches)
 // for bodies of three sizes. Each body is kOps rounds of a shift-add-xor over eight registers,
 // two SASS instructions per round (16 bytes each), which no compiler can fold. Medians over blocks.
+// Then the capacity: a 16 KB body again after n others of 16 KB ran (a working set of n + 1
+// bodies), n = 1 .. kSweepBodies - 1: where the time jumps, the set no longer fits the SM's caches.
 //   encore_icache_probe [repeats]
 #include <algorithm>
 #include <cstdint>
@@ -25,6 +27,8 @@
 namespace {
 
 constexpr int kBodies = 8;  // bodies per size class; a set of 8 x 32 KB exceeds any SM's instruction cache
+constexpr int kSweepBodies = 16;  // bodies of the capacity sweep (16 KB each)
+constexpr int kSweepOps = 512;
 constexpr int kThreads = 256;
 
 __device__ __forceinline__ std::uint64_t global_ns() {
@@ -55,7 +59,7 @@ __device__ std::uint32_t call(int which, std::uint32_t seed, std::integer_sequen
 }
 
 // Times body `which` of the class (thread 0's view, between block barriers), in ns.
-template <int kOps>
+template <int kOps, int kCount = kBodies>
 __device__ std::uint64_t timed(int which, std::uint32_t seed, std::uint32_t& sink) {
   __syncthreads();
   const std::uint64_t t0 = global_ns();
@@ -63,7 +67,7 @@ __device__ std::uint64_t timed(int which, std::uint32_t seed, std::uint32_t& sin
   // second (volatile asm keeps its order): the body runs between them.
   std::uint32_t s;
   asm volatile("mov.u32 %0, %1;" : "=r"(s) : "r"(seed));
-  const std::uint32_t x = call<kOps>(which, s, std::make_integer_sequence<int, kBodies>{});
+  const std::uint32_t x = call<kOps>(which, s, std::make_integer_sequence<int, kCount>{});
   asm volatile("" ::"r"(x));
   sink ^= x;
   __syncthreads();
@@ -85,6 +89,18 @@ __global__ void __launch_bounds__(kThreads, 1) probe(std::uint64_t* out, std::ui
     out[blockIdx.x * 3 + 2] = evicted;
   }
   if (sink == 0x12345678u) sink_out[blockIdx.x] = sink;  // keeps the bodies alive
+}
+
+// out[block][2]: warm and after `others` other bodies (ns) of sweep body 0.
+__global__ void __launch_bounds__(kThreads, 1) sweep(int others, std::uint64_t* out, std::uint32_t* sink_out, std::uint32_t seed) {
+  std::uint32_t sink = 0;
+  const std::uint32_t s = seed + threadIdx.x;
+  timed<kSweepOps, kSweepBodies>(0, s, sink);
+  const std::uint64_t warm = timed<kSweepOps, kSweepBodies>(0, s, sink);
+  for (int b = 1; b <= others; ++b) timed<kSweepOps, kSweepBodies>(b, s, sink);
+  const std::uint64_t after = timed<kSweepOps, kSweepBodies>(0, s, sink);
+  if (threadIdx.x == 0) out[blockIdx.x * 2] = warm, out[blockIdx.x * 2 + 1] = after;
+  if (sink == 0x12345678u) sink_out[blockIdx.x] = sink;
 }
 
 double median(std::vector<double> v) {
@@ -136,5 +152,27 @@ int main(int argc, char** argv) {
   run_class<256>(sms, repeats);
   run_class<1024>(sms, repeats);
   run_class<4096>(sms, repeats);
+
+  std::printf("\n| working set (16 KB bodies) | warm us | body 0 again us | extra ns per KB |\n|---|---|---|---|\n");
+  std::uint64_t* out = nullptr;
+  std::uint32_t* sink = nullptr;
+  PROBE_CHECK(cudaMalloc(&out, sizeof(std::uint64_t) * 2 * sms));
+  PROBE_CHECK(cudaMalloc(&sink, sizeof(std::uint32_t) * sms));
+  std::vector<std::uint64_t> host(2 * sms);
+  for (int others = 1; others < kSweepBodies; ++others) {
+    std::vector<double> warm, after;
+    for (int r = 0; r < repeats; ++r) {
+      sweep<<<sms, kThreads>>>(others, out, sink, 91u + r);
+      PROBE_CHECK(cudaGetLastError());
+      PROBE_CHECK(cudaDeviceSynchronize());
+      PROBE_CHECK(cudaMemcpy(host.data(), out, sizeof(std::uint64_t) * 2 * sms, cudaMemcpyDeviceToHost));
+      for (int b = 0; b < sms; ++b) warm.push_back(host[2 * b] * 1e-3), after.push_back(host[2 * b + 1] * 1e-3);
+    }
+    const double kb = kSweepOps * 2 * 16 / 1024.0;
+    std::printf("| %d KB | %.2f | %.2f | %.1f |\n", (others + 1) * 16, median(warm), median(after),
+                (median(after) - median(warm)) / kb * 1e3);
+  }
+  PROBE_CHECK(cudaFree(out));
+  PROBE_CHECK(cudaFree(sink));
   return 0;
 }
