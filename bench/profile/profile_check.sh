@@ -5,6 +5,9 @@
 #   2. the MoE expert kernels at batch 1 (3 blocks per SM in the graph path);
 #   3. the megakernel at batch 1, 4K context (one block of 8 warps per SM): is it issue-bound
 #      with 8 warps, as bench/notes/2026-12-04-megakernel.md suspects?
+#   4. the same megakernel step per body (source counters, SASS): each body's share of the warp
+#      samples, its instructions, the code it executes (what an SM fetches again when it runs
+#      cold) and its stalls (ncu_source.py; megakernel_b1_source.txt, src_megakernel_b1.csv.xz).
 # Clocks are left alone (--clock-control none). Usage, from the repository root with build/ built:
 #   bash bench/profile/profile_check.sh [OUT_DIR]
 # CASES=REGEX profiles only the cases whose name matches (e.g. CASES='b16' for the GEMV cores).
@@ -30,6 +33,21 @@ prof() {
   echo "ncu $name rc=$?"
 }
 
+# prof_source NAME KERNEL_REGEX SKIP -- COMMAND...: one launch with source counters, exported as
+# the SASS source page and summarised per function (ncu_source.py).
+prof_source() {
+  local name=$1 kernel=$2 skip=$3
+  shift 4
+  [[ $name =~ ${CASES:-.} ]] || return 0
+  ncu --clock-control none --section WarpStateStats --section SourceCounters --kernel-name "regex:$kernel" \
+      --launch-skip "$skip" --launch-count 1 -o "$out/$name" -f "$@" > "$out/ncu_$name.log" 2>&1
+  echo "ncu $name rc=$?"
+  ncu -i "$out/$name.ncu-rep" --page source --csv --print-source sass > "$out/src_$name.csv" 2>> "$out/ncu_$name.log"
+  python3 "$here/ncu_source.py" "$out/src_$name.csv" | tee "$out/${name}_source.txt"
+  xz -f -T4 "$out/src_$name.csv"
+  rm -f "$out/$name.ncu-rep"  # (about 40 MB; the CSV keeps what the summary reads)
+}
+
 bench=build/bench/encore_bench
 once=(--benchmark_min_time=0.001 --benchmark_repetitions=1)
 prof lm_head_b16_int8 'gemv_mma_kernel' 2 1 -- $bench --benchmark_filter='^gemv/q4k/kimi_lm_head_163840x2304/b16/' "${once[@]}"
@@ -39,5 +57,8 @@ prof qkv_b16_f16 'gemv_mma_kernel' 2 1 -- $bench --benchmark_filter='^gemv/q4k_f
 prof moe_experts_b1 'moe_(gate_up|down)_kernel' 4 2 -- $bench --benchmark_filter='^BM_moe_kimi_experts/1/' "${once[@]}"
 prof megakernel_b1 'megakernel' 2 1 -- build/bench/encore_ab --batches 1 --contexts 4096 --long 0 --steps 1 --rounds 1 \
     --out "$out/ab_profile"
+
+prof_source megakernel_b1_source 'megakernel' 2 -- build/bench/encore_ab --batches 1 --contexts 4096 --long 0 --steps 1 --rounds 1 \
+    --out "$out/ab_profile_source"
 
 python3 "$here/ncu_summary.py" "$out"/ncu_*.csv | tee "$out/ncu_summary.txt"
