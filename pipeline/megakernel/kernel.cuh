@@ -51,8 +51,9 @@ namespace {
 using encore::device::TileRange;
 
 // What the residency changes, none of it a bit of the results: the router GEMV's tokens per round
-// (four need more than the 128 registers of two blocks per SM) and split-KV's tile shape (the op's
-// needs more than half an SM's shared memory; the lowering plans the same one).
+// (four need more than the 128 registers of two blocks per SM; never more than the token tier, so
+// a one-token step runs no code for absent tokens) and split-KV's tile shape (the op's needs more
+// than half an SM's shared memory; the lowering plans the same one).
 constexpr int kUnitBlocksPerSm = ENCORE_MEGAKERNEL_BLOCKS_PER_SM;
 constexpr bool kUnitMarks = ENCORE_MEGAKERNEL_MARKS;
 static_assert(kUnitBlocksPerSm == 1 || kUnitBlocksPerSm == 2);
@@ -247,7 +248,7 @@ __device__ __noinline__ void run_op(int slot, const TileRange r, CounterWait& wa
     mla::mla_v_up_body(p, r, wait);
   } else if constexpr (kOp == Opcode::kRouterGemv) {
     const moe::RouterGemvParams& p = ins.params.router_gemv;
-    moe::router_gemv_body<kRouterTokensPerRound>(p, r, wait);
+    moe::router_gemv_body<(NTOK < kRouterTokensPerRound ? NTOK : kRouterTokensPerRound)>(p, r, wait);
   } else if constexpr (kOp == Opcode::kRouterTopk) {
     const RouterTopkOp& op = ins.params.router_topk;
     moe::with_topk_form(op.form, [&](auto f) { moe::router_topk_body<decltype(f)>(op.p, r, smem, wait); });
@@ -284,7 +285,7 @@ __device__ __forceinline__ void run(int slot, Opcode op, const TileRange r, Coun
     case Opcode::kMlaSplitKv: return run_op<Opcode::kMlaSplitKv>(slot, r, wait);
     case Opcode::kMlaCombine: return run_op<Opcode::kMlaCombine>(slot, r, wait);
     case Opcode::kMlaVUp: return run_op<Opcode::kMlaVUp>(slot, r, wait);
-    case Opcode::kRouterGemv: return run_op<Opcode::kRouterGemv>(slot, r, wait);
+    case Opcode::kRouterGemv: return run_op<Opcode::kRouterGemv, NTOK>(slot, r, wait);
     case Opcode::kRouterTopk: return run_op<Opcode::kRouterTopk>(slot, r, wait);
     case Opcode::kMoeList: return run_op<Opcode::kMoeList>(slot, r, wait);
     case Opcode::kMoeQuantize: return run_op<Opcode::kMoeQuantize>(slot, r, wait);
