@@ -58,6 +58,7 @@ constexpr int kUnitBlocksPerSm = ENCORE_MEGAKERNEL_BLOCKS_PER_SM;
 constexpr bool kUnitMarks = ENCORE_MEGAKERNEL_MARKS;
 static_assert(kUnitBlocksPerSm == 1 || kUnitBlocksPerSm == 2);
 constexpr int kRouterTokensPerRound = kUnitBlocksPerSm == 1 ? moe::kRouterTokensPerRound : 2;
+constexpr int router_tokens_per_round(int tier) { return tier < kRouterTokensPerRound ? tier : kRouterTokensPerRound; }
 using SplitKvTile = std::conditional_t<kUnitBlocksPerSm == 1, mla::SplitKvConfig, mla::SplitKvHalfSm>;
 
 __device__ __forceinline__ std::uint32_t load_relaxed(const std::uint32_t* p) {
@@ -248,7 +249,7 @@ __device__ __noinline__ void run_op(int slot, const TileRange r, CounterWait& wa
     mla::mla_v_up_body(p, r, wait);
   } else if constexpr (kOp == Opcode::kRouterGemv) {
     const moe::RouterGemvParams& p = ins.params.router_gemv;
-    moe::router_gemv_body<(NTOK < kRouterTokensPerRound ? NTOK : kRouterTokensPerRound)>(p, r, wait);
+    moe::router_gemv_body<router_tokens_per_round(NTOK)>(p, r, wait);
   } else if constexpr (kOp == Opcode::kRouterTopk) {
     const RouterTopkOp& op = ins.params.router_topk;
     moe::with_topk_form(op.form, [&](auto f) { moe::router_topk_body<decltype(f)>(op.p, r, smem, wait); });
@@ -285,7 +286,8 @@ __device__ __forceinline__ void run(int slot, Opcode op, const TileRange r, Coun
     case Opcode::kMlaSplitKv: return run_op<Opcode::kMlaSplitKv>(slot, r, wait);
     case Opcode::kMlaCombine: return run_op<Opcode::kMlaCombine>(slot, r, wait);
     case Opcode::kMlaVUp: return run_op<Opcode::kMlaVUp>(slot, r, wait);
-    case Opcode::kRouterGemv: return run_op<Opcode::kRouterGemv, NTOK>(slot, r, wait);
+    // (one instantiation per distinct round: the tiers above it share it)
+    case Opcode::kRouterGemv: return run_op<Opcode::kRouterGemv, router_tokens_per_round(NTOK)>(slot, r, wait);
     case Opcode::kRouterTopk: return run_op<Opcode::kRouterTopk>(slot, r, wait);
     case Opcode::kMoeList: return run_op<Opcode::kMoeList>(slot, r, wait);
     case Opcode::kMoeQuantize: return run_op<Opcode::kMoeQuantize>(slot, r, wait);
