@@ -22,9 +22,12 @@ using moe::RouterTopkParams;
 
 // ---- kernels ------------------------------------------------------------------------------------
 
+// kTok: tokens per round of the GEMV tiles (the launchers take one at one token, so that no code
+// runs for absent tokens; a token's sums are the same whatever the round).
+template <int kTok>
 __global__ void __launch_bounds__(kBlockThreads) router_gemv_kernel(const __grid_constant__ RouterGemvParams p) {
   device::PdlWait wait;
-  moe::router_gemv_body(p, device::GridRange{}, wait);
+  moe::router_gemv_body<kTok>(p, device::GridRange{}, wait);
 }
 
 template <class Form>
@@ -35,12 +38,12 @@ __global__ void __launch_bounds__(kBlockThreads) router_topk_kernel(const __grid
 }
 
 // Logits and routing in one kernel (MoeRouterParams::counter): the last block to finish routes.
-template <class Form>
+template <class Form, int kTok>
 __global__ void __launch_bounds__(kBlockThreads) router_fused_kernel(const __grid_constant__ RouterGemvParams g,
                                                                      const __grid_constant__ RouterTopkParams t, int* counter) {
   extern __shared__ __align__(16) char smem[];
   device::PdlWait wait;
-  moe::router_fused_body<Form>(g, t, counter, device::GridRange{}, smem, wait);
+  moe::router_fused_body<Form, kTok>(g, t, counter, device::GridRange{}, smem, wait);
 }
 
 // Prepare: the work list (tile 0) and the int8 activations of h (tiles 1..).
@@ -278,7 +281,8 @@ Status launch_fused_router(const RouterGemvParams& g, const RouterTopkParams& t,
   const int tiles = moe::router_gemv_tiles(g);
   const std::size_t smem = moe::router_fused_smem_bytes(t.config);
   return moe::with_topk_form(moe::fused_topk_form(t.config, t.batch), [&](auto f) {
-    return detail::launch(router_fused_kernel<decltype(f)>, tiles, smem, stream, true, "moe router kernel", g, t, counter);
+    auto* kernel = g.batch == 1 ? router_fused_kernel<decltype(f), 1> : router_fused_kernel<decltype(f), moe::kRouterTokensPerRound>;
+    return detail::launch(kernel, tiles, smem, stream, true, "moe router kernel", g, t, counter);
   });
 }
 
@@ -389,7 +393,8 @@ Status moe_router(const MoeRouterParams& a, cudaStream_t stream) {
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   const moe::RouterPlan r = router_plan(a);
   if (r.counter) return launch_fused_router(r.gemv, r.topk, r.counter, stream);
-  ENCORE_RETURN_IF_ERROR(detail::launch(router_gemv_kernel, moe::router_gemv_tiles(r.gemv), 0, stream, true, "moe router gemv kernel", r.gemv));
+  auto* gemv = r.gemv.batch == 1 ? router_gemv_kernel<1> : router_gemv_kernel<moe::kRouterTokensPerRound>;
+  ENCORE_RETURN_IF_ERROR(detail::launch(gemv, moe::router_gemv_tiles(r.gemv), 0, stream, true, "moe router gemv kernel", r.gemv));
   return launch_topk(r.topk, stream);
 }
 
