@@ -303,8 +303,9 @@ struct ExpertStream {
   // group. Refills each buffer it frees. A wait policy with marks (device::Marks, the megakernel's):
   // in trace mode, marks when warp 0 has the item's first weights and keeps in `waited_ns` how long
   // warp 0 waited for them (standalone kernels compile none of it).
-  template <class Wait>
-  __device__ int4 compute_item(int k, float (&acc)[kTokensPerPass], Wait& wait) {
+  // kPass: the most entries a pass holds here (kTokensPerPass, or fewer where the caller knows it).
+  template <int kPass, class Wait>
+  __device__ int4 compute_item(int k, float (&acc)[kPass], Wait& wait) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4, group = lane / 4;
     // Group g holds unit (matrix g % NMAT, row g / NMAT of the warp's box).
     const int row_offset = (group % NMAT) * shape.box_stride() + (group / NMAT) * shape.pitch();
@@ -317,7 +318,7 @@ struct ExpertStream {
     const int* act_row = s.tokens + k * shape.tokens;  // (resident) entry t's token row, read per use: no registers
     const q4k::PairUnpack unpack = q4k::pair_unpack(quad);
 #pragma unroll
-    for (int t = 0; t < kTokensPerPass; ++t) acc[t] = 0.f;
+    for (int t = 0; t < kPass; ++t) acc[t] = 0.f;
     if constexpr (device::Marks<Wait>) waited_ns = 0;
     for (int st = 0; st < spi; ++st) {
       if constexpr (device::Marks<Wait>) {
@@ -336,7 +337,7 @@ struct ExpertStream {
       for (int jl = 0; jl < nb; ++jl) {
         const q4k::QuadWeights w = q4k::decode_quad(row + jl * q4k::kBlockBytes, quad, unpack);
 #pragma unroll
-        for (int t = 0; t < kTokensPerPass; ++t) {
+        for (int t = 0; t < kPass; ++t) {
           if (t >= count) break;
           const char* a = act + (kResidentAct ? act_row[t] : t) * shape.act_token_bytes() + (kb0 + jl) * q4k::kActBlockBytes;
           acc[t] += q4k::quad_dot(w, q4k::load_quad_activations(a, quad));
@@ -350,7 +351,7 @@ struct ExpertStream {
       if (++slot == shape.slots) slot = 0, phase ^= 1u;
     }
 #pragma unroll
-    for (int t = 0; t < kTokensPerPass; ++t) {
+    for (int t = 0; t < kPass; ++t) {
       if (t >= count) break;  // (warp-uniform)
       acc[t] += __shfl_xor_sync(0xFFFFFFFFu, acc[t], 1);
       acc[t] += __shfl_xor_sync(0xFFFFFFFFu, acc[t], 2);
@@ -377,7 +378,8 @@ struct ExpertStream {
 // Unit u = (matrix u % 2, row u / 2): a warp's groups 2i and 2i+1 hold the gate and up rows of
 // one row, so silu(g)*u is one shuffle away. The caller has not waited for the routing: a settled
 // h is quantised first (resident activations).
-template <bool kInBlock, ExpertSet kSet = ExpertSet::kAll, class Range, class Wait>
+// kPass: as compute_item's (the megakernel's one-token tier passes 1: no code for absent entries).
+template <bool kInBlock, ExpertSet kSet = ExpertSet::kAll, int kPass = kTokensPerPass, class Range, class Wait>
 __device__ inline void gate_up_body(const ExpertsTileParams& p, const StreamShape& shape, const StreamMaps& maps, const Range& r,
                                     char* smem, Wait& wait) {
   if (kInBlock && p.h_settled) {
@@ -395,14 +397,14 @@ __device__ inline void gate_up_body(const ExpertsTileParams& p, const StreamShap
   device::mark(wait, device::Mark::kStreamReady, -1);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, unit = warp * 8 + lane / 4;
   for (int k = 0; k < stream.items; ++k) {
-    float acc[kTokensPerPass];
+    float acc[kPass];
     device::mark(wait, device::Mark::kItemBegin, k);
     const int4 item = stream.compute_item(k, acc, wait);
     device::mark(wait, device::Mark::kItemComputed, k);
     const int count = item.z, row_group = item.w;
     float* mid = stream.s.mid + (k % 2) * shape.tokens * kGateUpRows;  // two items' worth: one barrier per item
 #pragma unroll
-    for (int t = 0; t < kTokensPerPass; ++t) {
+    for (int t = 0; t < kPass; ++t) {
       if (t >= count) break;
       const float u = __shfl_xor_sync(0xFFFFFFFFu, acc[t], 4);
       const float g = acc[t];
@@ -427,7 +429,7 @@ __device__ inline void gate_up_body(const ExpertsTileParams& p, const StreamShap
 
 // The work list is settled on entry (the gate/up kernel's own wait covered its writer), so the
 // weights start streaming before the wait for act_mid.
-template <bool kInBlock, class Range, class Wait>
+template <bool kInBlock, int kPass = kTokensPerPass, class Range, class Wait>
 __device__ inline void down_body(const ExpertsTileParams& p, const StreamShape& shape, const StreamMaps& maps, const Range& r,
                                  char* smem, Wait& wait) {
   ExpertStream<1, kInBlock> stream(p, shape, maps, smem, down_row_chunks(p.hidden), r.first(), r.stride(), wait);
@@ -436,13 +438,13 @@ __device__ inline void down_body(const ExpertsTileParams& p, const StreamShape& 
   device::mark(wait, device::Mark::kStreamReady, -1);
   const int lane = threadIdx.x % 32, unit = threadIdx.x / 4;
   for (int k = 0; k < stream.items; ++k) {
-    float acc[kTokensPerPass];
+    float acc[kPass];
     device::mark(wait, device::Mark::kItemBegin, k);
     const int4 item = stream.compute_item(k, acc, wait);
     device::mark(wait, device::Mark::kItemComputed, k);
     const std::int64_t row = std::int64_t(item.w) * kDownRows + unit;
 #pragma unroll
-    for (int t = 0; t < kTokensPerPass; ++t) {
+    for (int t = 0; t < kPass; ++t) {
       if (t >= item.z) break;
       if (lane % 4 == t % 4) p.y[(item.y + t) * std::int64_t(p.hidden) + row] = acc[t];
     }

@@ -261,16 +261,18 @@ __device__ __noinline__ void run_op(int slot, const TileRange r, CounterWait& wa
     moe::quantize_body(p, r, smem, wait);
   } else if constexpr (kOp == Opcode::kMoeGateUp) {
     const ExpertsOp& op = ins.params.moe_stream;
+    constexpr int kPass = NTOK < moe::kTokensPerPass ? NTOK : moe::kTokensPerPass;  // (a pass never holds more)
     if (op.shape.in_block())  // (the split gate/up's two streams: the same body, shape.set read at run time)
-      moe::gate_up_body<true, moe::ExpertSet::kFromShape>(op.p, op.shape, *op.maps, r, smem, wait);
+      moe::gate_up_body<true, moe::ExpertSet::kFromShape, kPass>(op.p, op.shape, *op.maps, r, smem, wait);
     else
-      moe::gate_up_body<false>(op.p, op.shape, *op.maps, r, smem, wait);
+      moe::gate_up_body<false, moe::ExpertSet::kAll, kPass>(op.p, op.shape, *op.maps, r, smem, wait);
   } else if constexpr (kOp == Opcode::kMoeDown) {
     const ExpertsOp& op = ins.params.moe_stream;
+    constexpr int kPass = NTOK < moe::kTokensPerPass ? NTOK : moe::kTokensPerPass;
     if (op.shape.in_block())
-      moe::down_body<true>(op.p, op.shape, *op.maps, r, smem, wait);
+      moe::down_body<true, kPass>(op.p, op.shape, *op.maps, r, smem, wait);
     else
-      moe::down_body<false>(op.p, op.shape, *op.maps, r, smem, wait);
+      moe::down_body<false, kPass>(op.p, op.shape, *op.maps, r, smem, wait);
   }
 }
 
@@ -291,8 +293,10 @@ __device__ __forceinline__ void run(int slot, Opcode op, const TileRange r, Coun
     case Opcode::kRouterTopk: return run_op<Opcode::kRouterTopk>(slot, r, wait);
     case Opcode::kMoeList: return run_op<Opcode::kMoeList>(slot, r, wait);
     case Opcode::kMoeQuantize: return run_op<Opcode::kMoeQuantize>(slot, r, wait);
-    case Opcode::kMoeGateUp: return run_op<Opcode::kMoeGateUp>(slot, r, wait);
-    case Opcode::kMoeDown: return run_op<Opcode::kMoeDown>(slot, r, wait);
+    // The expert streams in two forms only (each is large): one entry a pass at the one-token tier,
+    // kTokensPerPass above it.
+    case Opcode::kMoeGateUp: return run_op<Opcode::kMoeGateUp, (NTOK == 1 ? 1 : moe::kTokensPerPass)>(slot, r, wait);
+    case Opcode::kMoeDown: return run_op<Opcode::kMoeDown, (NTOK == 1 ? 1 : moe::kTokensPerPass)>(slot, r, wait);
     default: __trap();  // a corrupt program
   }
 }
