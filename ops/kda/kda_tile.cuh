@@ -448,15 +448,18 @@ __device__ void kda_body(const ops::KdaParams& p, const Range& r, char* smem, Wa
   device::mark(wait, device::Mark::kStreamReady, -1);  // the prologue's loads are issued
   wait();  // proj and the error flag (and unsettled slot ids and states) come from upstream
   if (!p.state_settled) kda::tile_load_slot<HeadDim>(p, tile, in);
-  if constexpr (Range::kOneTile) {
+  if (Range::kOneTile || tile + r.stride() >= tiles) {  // the block's only tile
     kda::tile<HeadDim>(p, tile, smem, true, in, wait);
-  } else {  // each tile starts the next one's weights under its own state pass
+  } else {  // each tile starts the next one's weights under its own state pass; one call site, so
+            // a block with several tiles runs one copy of the tile's code (docs/megakernel.md §4)
     auto next_of = [&](int t) { return t + r.stride() < tiles ? t + r.stride() : -1; };
-    bool issued = kda::tile<HeadDim>(p, tile, smem, true, in, wait, next_of(tile));
-    for (tile += r.stride(); tile < tiles; tile += r.stride()) {
-      device::mark(wait, device::Mark::kItemBegin, tile);
-      kda::tile_load_head<HeadDim>(p, tile, in);
-      kda::tile_load_slot<HeadDim>(p, tile, in);
+    bool issued = true;  // (the first tile's weights and slot were loaded above)
+    for (bool first = true; tile < tiles; tile += r.stride(), first = false) {
+      if (!first) {
+        device::mark(wait, device::Mark::kItemBegin, tile);
+        kda::tile_load_head<HeadDim>(p, tile, in);
+        kda::tile_load_slot<HeadDim>(p, tile, in);
+      }
       issued = kda::tile<HeadDim>(p, tile, smem, issued, in, wait, next_of(tile));
     }
   }
