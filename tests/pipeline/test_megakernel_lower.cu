@@ -164,9 +164,9 @@ TEST(MegakernelLower, MoeLayersAreSeparateInstructions) {
     const std::vector<Opcode> ops = opcodes(p);
     const bool in_block = batch <= 8;
     const int moe_layers = ModelConfig::kimi_linear_48b().count(Mlp::kMoe);
-    // The router GEMV and the top-k (at one token the stage has the one-kernel form's counter,
-    // which the lowering leaves to the graph path).
-    const Opcode routing = Opcode::kRouterTopk;
+    // The router GEMV and the top-k are two instructions at every batch (at one token the stage has
+    // the one-kernel form's counter, which the lowering leaves to the graph path).
+    constexpr Opcode routing = Opcode::kRouterTopk;  // the instruction that writes the routing
     // gate/up: at one token the shared experts' stream and the routed one (Kimi has a shared expert)
     EXPECT_EQ(std::count(ops.begin(), ops.end(), Opcode::kMoeGateUp), batch == 1 ? 2 * moe_layers : moe_layers);
     EXPECT_EQ(std::count(ops.begin(), ops.end(), Opcode::kMoeDown), moe_layers);
