@@ -59,6 +59,9 @@ constexpr bool kUnitMarks = ENCORE_MEGAKERNEL_MARKS;
 static_assert(kUnitBlocksPerSm == 1 || kUnitBlocksPerSm == 2);
 constexpr int kRouterTokensPerRound = kUnitBlocksPerSm == 1 ? moe::kRouterTokensPerRound : 2;
 constexpr int router_tokens_per_round(int tier) { return tier < kRouterTokensPerRound ? tier : kRouterTokensPerRound; }
+// The expert streams' entries per pass: one at the one-token tier, kTokensPerPass above it (two
+// forms only: each stream body is large).
+constexpr int expert_pass_entries(int tier) { return tier == 1 ? 1 : moe::kTokensPerPass; }
 using SplitKvTile = std::conditional_t<kUnitBlocksPerSm == 1, mla::SplitKvConfig, mla::SplitKvHalfSm>;
 
 __device__ __forceinline__ std::uint32_t load_relaxed(const std::uint32_t* p) {
@@ -261,14 +264,14 @@ __device__ __noinline__ void run_op(int slot, const TileRange r, CounterWait& wa
     moe::quantize_body(p, r, smem, wait);
   } else if constexpr (kOp == Opcode::kMoeGateUp) {
     const ExpertsOp& op = ins.params.moe_stream;
-    constexpr int kPass = NTOK < moe::kTokensPerPass ? NTOK : moe::kTokensPerPass;  // (a pass never holds more)
+    constexpr int kPass = expert_pass_entries(NTOK);
     if (op.shape.in_block())  // (the split gate/up's two streams: the same body, shape.set read at run time)
       moe::gate_up_body<true, moe::ExpertSet::kFromShape, kPass>(op.p, op.shape, *op.maps, r, smem, wait);
     else
       moe::gate_up_body<false, moe::ExpertSet::kAll, kPass>(op.p, op.shape, *op.maps, r, smem, wait);
   } else if constexpr (kOp == Opcode::kMoeDown) {
     const ExpertsOp& op = ins.params.moe_stream;
-    constexpr int kPass = NTOK < moe::kTokensPerPass ? NTOK : moe::kTokensPerPass;
+    constexpr int kPass = expert_pass_entries(NTOK);
     if (op.shape.in_block())
       moe::down_body<true, kPass>(op.p, op.shape, *op.maps, r, smem, wait);
     else
@@ -293,10 +296,9 @@ __device__ __forceinline__ void run(int slot, Opcode op, const TileRange r, Coun
     case Opcode::kRouterTopk: return run_op<Opcode::kRouterTopk>(slot, r, wait);
     case Opcode::kMoeList: return run_op<Opcode::kMoeList>(slot, r, wait);
     case Opcode::kMoeQuantize: return run_op<Opcode::kMoeQuantize>(slot, r, wait);
-    // The expert streams in two forms only (each is large): one entry a pass at the one-token tier,
-    // kTokensPerPass above it.
-    case Opcode::kMoeGateUp: return run_op<Opcode::kMoeGateUp, (NTOK == 1 ? 1 : moe::kTokensPerPass)>(slot, r, wait);
-    case Opcode::kMoeDown: return run_op<Opcode::kMoeDown, (NTOK == 1 ? 1 : moe::kTokensPerPass)>(slot, r, wait);
+    // (one instantiation per pass size, as the router GEMV's)
+    case Opcode::kMoeGateUp: return run_op<Opcode::kMoeGateUp, expert_pass_entries(NTOK)>(slot, r, wait);
+    case Opcode::kMoeDown: return run_op<Opcode::kMoeDown, expert_pass_entries(NTOK)>(slot, r, wait);
     default: __trap();  // a corrupt program
   }
 }
