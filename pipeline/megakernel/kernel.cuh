@@ -59,9 +59,9 @@ constexpr bool kUnitMarks = ENCORE_MEGAKERNEL_MARKS;
 static_assert(kUnitBlocksPerSm == 1 || kUnitBlocksPerSm == 2);
 constexpr int kRouterTokensPerRound = kUnitBlocksPerSm == 1 ? moe::kRouterTokensPerRound : 2;
 constexpr int router_tokens_per_round(int tier) { return tier < kRouterTokensPerRound ? tier : kRouterTokensPerRound; }
-// The expert streams' entries per pass: one at the one-token tier, kTokensPerPass above it (two
-// forms only: each stream body is large).
-constexpr int expert_pass_entries(int tier) { return tier == 1 ? 1 : moe::kTokensPerPass; }
+// The expert streams' entries per pass: never more than the token tier (no code for absent
+// entries); the tiers from kTokensPerPass up share one form.
+constexpr int expert_pass_entries(int tier) { return tier < moe::kTokensPerPass ? tier : moe::kTokensPerPass; }
 using SplitKvTile = std::conditional_t<kUnitBlocksPerSm == 1, mla::SplitKvConfig, mla::SplitKvHalfSm>;
 
 __device__ __forceinline__ std::uint32_t load_relaxed(const std::uint32_t* p) {
