@@ -330,7 +330,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) megakernel(const 
   auto instruction_at = [&](int k, int& cursor) {  // the k-th instruction this block runs (cursor: stress scan)
     if (!stress) return k < layout.schedule[0] ? int(layout.schedule[1 + k]) : a.count;
     for (; cursor < a.count; ++cursor)
-      if (lane_of(a, a.program[cursor].h, cursor, step) < a.program[cursor].h.tiles) return cursor++;
+      if (lane_of(a, a.program[cursor].h, cursor, step) < a.program[cursor].h.lanes) return cursor++;
     return a.count;
   };
   int cursor = 0, slot = 0;
@@ -350,14 +350,14 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) megakernel(const 
     early();
     CounterWait late{a, ins.deps + h.early_deps, h.late_deps, step, i, lane, false, marks, layout.handoff};
     // Lanes stride by the instruction's lane count: an instruction may leave blocks out (the MoE
-    // gate/up skips the top-k's blocks), and its dynamic items must still all be taken.
-    if (!a.skip_bodies) run<NTOK>(slot, h.op, TileRange{lane, min(grid, int(h.tiles))}, late);
+    // gate/up skips the top-k's blocks), and its tiles and dynamic items must still all be taken.
+    if (!a.skip_bodies) run<NTOK>(slot, h.op, TileRange{lane, int(h.lanes)}, late);
     late();  // (a body that had nothing to read may not have waited: its signal must still imply its producers')
     marks = late.marks;
     if (stress) __nanosleep(mix(a.stress_seed + 977u * step + 131u * i + blockIdx.x) % 4096u);
     encore::device::fence_proxy_async();  // this body's generic smem writes, before the next body's copies
     __syncthreads();
-    if (threadIdx.x == 0) add_release(a.done + std::int64_t(i) * kCounterStride, std::uint32_t((h.tiles - lane + grid - 1) / grid));
+    if (threadIdx.x == 0) add_release(a.done + std::int64_t(i) * kCounterStride, std::uint32_t((h.tiles - lane + h.lanes - 1) / h.lanes));
     if (a.trace && threadIdx.x == 0) a.trace[std::int64_t(i) * grid + blockIdx.x].end = global_ns();
     i = next, slot ^= 1;
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bitset>
+#include <limits>
 #include <cstdint>
 #include <string>
 
@@ -27,6 +28,10 @@ struct Node {
   // down); the next instruction's lane 0 goes to this lane, so that its own heavy lanes (an
   // in-projection's second tiles) land on the blocks that finish first.
   int first_light_lane = 0;
+  // >= 0: lane 0 on this block, whatever came before (the one-token layer partition, below).
+  int pinned_block = -1;
+  // > 0: at most this many lanes (default: one per tile, up to the grid).
+  int max_lanes = 0;
 };
 
 template <class T>
@@ -74,6 +79,9 @@ class Lowering {
     ENCORE_REQUIRE(target_.blocks_per_sm == 1 || target_.blocks_per_sm == 2, StatusCode::kInvalidArgument,
                    "megakernel: blocks_per_sm must be 1 or 2 (got ", target_.blocks_per_sm, ")");
     out_.grid = target_.sms * target_.blocks_per_sm;
+    ENCORE_REQUIRE(out_.grid <= std::numeric_limits<std::int16_t>::max(), StatusCode::kInvalidArgument, "megakernel: a grid of ",
+                   out_.grid, " blocks is more than the program's lanes can name");
+    plan_partition();
     // (The split-KV scheduler, which reads only the step's inputs, comes right after the gather in
     // the table, so its plan is ready long before the first MLA layer needs it.)
     for (std::size_t i = 0; i < stages_.size(); ++i) ENCORE_RETURN_IF_ERROR(lower_stage(int(i)));
@@ -96,13 +104,28 @@ class Lowering {
       std::uint16_t* row = out_.schedule.data() + std::size_t(b) * (count + 1);
       for (int i = 0; i < count; ++i) {
         const Header& h = out_.instructions[i].h;
-        if ((b + h.lane_offset) % grid < h.tiles) row[1 + row[0]++] = std::uint16_t(i);
+        if ((b + h.lane_offset) % grid < h.lanes) row[1 + row[0]++] = std::uint16_t(i);
       }
     }
     return {};
   }
 
  private:
+  // One token, where KDA's tiles take at most a quarter of the grid: KDA runs on blocks
+  // [0, kda_blocks_) and its layer's projections, the router's GEMV and the top-k on the others,
+  // every layer. A block then runs the same few bodies each layer (KDA and the expert streams, or
+  // the GEMVs, the router and the expert streams), a working set its SM's instruction cache can
+  // keep, where rotating every body over every block made each one start its layer from L2
+  // (docs/megakernel.md §4). The placement changes which block runs a tile, never a sum.
+  void plan_partition() {
+    int kda_tiles = 0;
+    for (const Stage& s : stages_)
+      if (s.kind == StageKind::kKda) kda_tiles = std::max(kda_tiles, ops::kda_num_tiles(s.params.kda));
+    kda_blocks_ = kda_tiles > 0 && 4 * kda_tiles <= out_.grid ? kda_tiles : 0;
+  }
+  // Pins a node of the partition: lane 0 on `block`, at most `lanes` lanes.
+  static void pin(Node& n, int block, int lanes = 0) { n.pinned_block = block, n.max_lanes = lanes; }
+
   Node& add(Opcode op, int tiles, int stage, const char* what, std::size_t smem) {
     Node n;
     n.ins.h.op = op;
@@ -201,6 +224,9 @@ class Lowering {
     out_.tokens = plan.tokens, gemv_seen_ = true;
     Node& n = add(Opcode::kGemv, int(gemv::num_tiles(g)), si, what, plan.smem);
     n.ins.params.gemv = {g, plan.matrices};
+    const StageRole role = stages_[si].role;
+    if (kda_blocks_ > 0 && (role == StageRole::kKdaInProj || role == StageRole::kKdaOutProj))
+      pin(n, kda_blocks_, out_.grid - kda_blocks_);
     n.info.accesses.push_back(rows_of(g.x, g.batch, g.x_stride, std::int64_t(g.k_blocks) * 256, false));
     for (int m = 0; m < 2; ++m)
       if (g.out[m]) n.info.accesses.push_back(rows_of(g.out[m], g.batch, g.out_stride, g.n, true));
@@ -213,6 +239,7 @@ class Lowering {
     Node& n = add(Opcode::kKda, ops::kda_num_tiles(k), si, "kda", ops::kda_smem_bytes(k));
     n.ins.params.kda = k;
     n.ins.params.kda.host_slot_ids = nullptr;  // (a host pointer: the pipeline checked the slots on the host)
+    if (kda_blocks_ > 0) pin(n, 0);
     const std::size_t conv = std::size_t(k.num_slots) * ops::kda_conv_state_floats_per_slot(k.num_heads, k.head_dim) * 4;
     const std::size_t state = std::size_t(k.num_slots) * ops::kda_recurrent_state_floats_per_slot(k.num_heads, k.head_dim) * 4;
     n.info.accesses = {rows_of(k.proj, k.batch, k.proj_stride, ops::kda_proj_width(k), false),
@@ -278,6 +305,10 @@ class Lowering {
     g.info.accesses = {h, ws};
     Node& t = add(Opcode::kRouterTopk, moe::router_topk_tiles(r.batch, plan.topk_form), si, "moe.topk", plan.topk_smem);
     t.ins.params.router_topk = {plan.topk, plan.topk_form};
+    if (kda_blocks_ > 0) {  // beside KDA's blocks, the top-k on the last ones; the shared experts' stream then starts at block 0
+      pin(g, kda_blocks_, out_.grid - kda_blocks_);
+      pin(t, out_.grid - std::min(t.ins.h.tiles, out_.grid - kda_blocks_), out_.grid - kda_blocks_);
+    }
     t.info.accesses = {read(ws)};
     t.info.accesses.insert(t.info.accesses.end(), routing.begin(), routing.end());
     return {};
@@ -429,10 +460,18 @@ class Lowering {
       ins.h.early_deps = std::int16_t(kept_early.size());
       ins.h.late_deps = std::int16_t(kept_late.size());
       ENCORE_REQUIRE(ins.h.tiles >= 1, StatusCode::kInvalidArgument, "megakernel: ", nodes_[j].info.name, " has no tiles");
-      if (nodes_[j].lane0_after_previous >= 0) start = (previous_start + nodes_[j].lane0_after_previous) % out_.grid;
-      ins.h.lane_offset = (out_.grid - start) % out_.grid;
+      if (nodes_[j].pinned_block >= 0)
+        start = nodes_[j].pinned_block;
+      else if (nodes_[j].lane0_after_previous >= 0)
+        start = (previous_start + nodes_[j].lane0_after_previous) % out_.grid;
+      const int lanes = std::min({ins.h.tiles, out_.grid, nodes_[j].max_lanes > 0 ? nodes_[j].max_lanes : out_.grid});
+      ins.h.lanes = std::int16_t(lanes);
+      ins.h.lane_offset = std::int16_t((out_.grid - start) % out_.grid);
       previous_start = start;
-      start = int((start + std::int64_t(nodes_[j].first_light_lane > 0 ? nodes_[j].first_light_lane : ins.h.tiles)) % out_.grid);
+      // The next one's lane 0 after this one's last lane: on its first light lane when it has
+      // several rounds (ins.h.tiles % lanes lanes take one tile more).
+      const int heavy = ins.h.tiles % lanes;
+      start = (start + (nodes_[j].first_light_lane > 0 ? nodes_[j].first_light_lane : heavy > 0 ? heavy : lanes)) % out_.grid;
     }
     return {};
   }
@@ -450,6 +489,7 @@ class Lowering {
   Program& out_;
   std::vector<Node> nodes_;
   bool gemv_seen_ = false;
+  int kda_blocks_ = 0;  // > 0: the one-token partition (plan_partition)
 };
 
 }  // namespace

@@ -139,7 +139,7 @@ Status Megakernel::build(Pipeline& pipeline, Megakernel& out, const MegakernelOp
   for (int i = 0; i < count; ++i) {
     const Instruction& ins = program.instructions[i];
     MegakernelInstruction info{program.info[i].name, program.info[i].stage, ins.h.tiles, program.info[i].smem, {}, {},
-                               (program.grid - ins.h.lane_offset) % program.grid};
+                               (program.grid - ins.h.lane_offset) % program.grid, ins.h.lanes};
     for (int d = 0; d < ins.h.early_deps + ins.h.late_deps; ++d)
       (d < ins.h.early_deps ? info.prologue_producers : info.producers).push_back(ins.deps[d].instruction);
     mk.program_.push_back(std::move(info));

@@ -87,8 +87,9 @@ union OpParams {
 // What every block reads of every instruction, in one 16-byte load.
 struct alignas(16) Header {
   Opcode op = Opcode::kEmbed;
-  std::int32_t tiles = 0;        // per step; block b runs lane (b + lane_offset) mod grid if < tiles
-  std::int32_t lane_offset = 0;
+  std::int32_t tiles = 0;        // per step; block b runs lane (b + lane_offset) mod grid if < lanes
+  std::int16_t lane_offset = 0;
+  std::int16_t lanes = 0;        // blocks that run it (<= grid, <= tiles); a lane takes tiles lane, lane + lanes, ...
   std::int16_t early_deps = 0;   // deps[0, early_deps): waited before the prologue
   std::int16_t late_deps = 0;    // deps[early_deps, early_deps + late_deps): the body's wait()
 };

@@ -329,7 +329,7 @@ TEST_P(MegakernelGpu, TraceTimesAndMarksAreOrdered) {
     int ends = 0, readies = 0;
     for (const MegakernelBlockTime& b : m.per_block) {
       const int grid = traced.grid(), lane = ((b.block - traced.program()[i].first_block) % grid + grid) % grid;
-      EXPECT_LT(lane, traced.program()[i].tiles) << "block " << b.block << " ran a lane the program does not place there";
+      EXPECT_LT(lane, traced.program()[i].lanes) << "block " << b.block << " ran a lane the program does not place there";
       EXPECT_LE(b.start, b.ready);
       EXPECT_LE(b.ready, b.end);
       double last = b.start;  // (KDA marks its prologue, before the wait)

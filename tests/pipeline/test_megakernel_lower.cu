@@ -142,7 +142,9 @@ TEST(MegakernelLower, ProgramsAreSoundMinimalAndOrdered) {
     }
     for (int i = 0; i < count; ++i) {
       std::sort(lanes[i].begin(), lanes[i].end());
-      const int want = std::min(p.instructions[i].h.tiles, p.grid);
+      const int want = p.instructions[i].h.lanes;
+      EXPECT_GE(want, 1) << p.info[i].name;
+      EXPECT_LE(want, std::min(p.instructions[i].h.tiles, p.grid)) << p.info[i].name;
       ASSERT_EQ(int(lanes[i].size()), want) << p.info[i].name;
       for (int l = 0; l < want; ++l) EXPECT_EQ(lanes[i][l], l) << p.info[i].name;
     }
@@ -310,10 +312,56 @@ TEST(MegakernelLower, SharedExpertsRunBesideTheRoutingAndTheTopkBlockSkipsGateUp
       // on its first light lane, so an in-projection's second tiles go to the blocks free first.
       const int heavy_down = moe::max_passes(op.p.batch, op.p.num_experts, op.p.num_shared, op.p.top_k, op.p.tokens_per_pass) *
                              moe::down_row_chunks(op.p.hidden) % p.grid;
-      if (i + 2 < count && heavy_down > 0)
+      // (A KDA in-projection at one token starts on the partition's first block instead.)
+      const bool pinned = batch == 1 && p.info[i + 2 < count ? i + 2 : i].name.ends_with("kda.in_proj");
+      if (i + 2 < count && heavy_down > 0 && !pinned)
         EXPECT_EQ(block_of_lane(i + 2, 0), block_of_lane(i + 1, heavy_down)) << p.info[i + 2].name;
     }
     EXPECT_EQ(layers, ModelConfig::kimi_linear_48b().count(Mlp::kMoe));
+  }
+}
+
+// At one token KDA's 32 tiles take blocks [0, 32) in every layer, and its projections, the
+// router's GEMV and the top-k the other blocks, so each SM runs the same few bodies every layer
+// (lower.cu, plan_partition); from KDA tiles above a quarter of the grid every instruction rotates.
+TEST(MegakernelLower, OneTokenKeepsKdaOnItsOwnBlocks) {
+  const ModelConfig kimi = ModelConfig::kimi_linear_48b();
+  for (int batch : {1, 4}) {
+    SCOPED_TRACE(batch);
+    const Program p = lowered(stages_of(kimi, batch, 16));
+    const int count = int(p.instructions.size()), heads = kimi.kda.heads;
+    auto blocks_of = [&](int i) {
+      std::vector<int> blocks;
+      for (int lane = 0; lane < p.instructions[i].h.lanes; ++lane)
+        blocks.push_back((lane - p.instructions[i].h.lane_offset + p.grid) % p.grid);
+      std::sort(blocks.begin(), blocks.end());
+      return blocks;
+    };
+    int kda = 0, beside = 0;
+    for (int i = 0; i < count; ++i) {
+      const Header& h = p.instructions[i].h;
+      const std::string& name = p.info[i].name;
+      const std::vector<int> blocks = blocks_of(i);
+      if (h.op == Opcode::kKda) {
+        ++kda;
+        ASSERT_EQ(h.tiles, batch * heads);
+        if (batch == 1) {
+          ASSERT_EQ(int(blocks.size()), heads) << name;
+          EXPECT_EQ(blocks.front(), 0) << name;
+          EXPECT_EQ(blocks.back(), heads - 1) << name;
+        }
+      }
+      const bool off_kda = name.ends_with("kda.in_proj") || name.ends_with("kda.o_proj") || h.op == Opcode::kRouterGemv ||
+                           h.op == Opcode::kRouterTopk;
+      if (batch == 1 && off_kda) {
+        ++beside;
+        EXPECT_GE(blocks.front(), heads) << name << " runs on KDA's blocks";
+        EXPECT_EQ(h.lanes, std::min(h.tiles, p.grid - heads)) << name;
+      }
+      if (batch == 4 && (name.ends_with("kda.in_proj") || h.op == Opcode::kKda)) EXPECT_EQ(h.lanes, std::min(h.tiles, p.grid)) << name;
+    }
+    EXPECT_EQ(kda, kimi.count(Attention::kKda));
+    if (batch == 1) EXPECT_EQ(beside, 2 * kimi.count(Attention::kKda) + 2 * kimi.count(Mlp::kMoe));
   }
 }
 

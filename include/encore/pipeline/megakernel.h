@@ -68,6 +68,7 @@ struct MegakernelInstruction {
   std::size_t smem = 0;  // the dynamic shared memory its body needs
   std::vector<int> prologue_producers, producers;  // instruction indices
   int first_block = 0;   // the block of its lane 0: lane l runs on block (first_block + l) mod grid (not in stress mode)
+  int lanes = 0;         // blocks that run it: lane l < lanes takes tiles l, l + lanes, ...
 };
 
 // What a body marked on one block (thread 0) inside an instruction: expert stream items, GEMV,
