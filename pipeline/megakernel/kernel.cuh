@@ -6,8 +6,8 @@
 // Deadlock freedom: a block only waits on instructions that come before the one it is in, and all
 // blocks are resident (cooperative launch), so the earliest instruction anyone waits on always has
 // its producers running. Ordering: a producer's threads write, the block synchronises, one thread
-// adds to the counter with release semantics; a consumer's thread polls with relaxed loads, then
-// acquires, then the block synchronises before anyone reads. Every block that signals an instruction
+// adds to the counter with release semantics; a consumer's thread polls with acquire loads, then
+// the block synchronises before anyone reads. Every block that signals an instruction
 // has waited for all of its producers first, so a consumer may rely on transitive completion (the
 // program keeps only the dependencies no other one implies). Counters only grow: a step waits for
 // step * tiles + need (wrap-safe 32-bit compares), and the last block out of a step advances the
@@ -69,7 +69,13 @@ __device__ __forceinline__ std::uint32_t load_relaxed(const std::uint32_t* p) {
   asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ void fence_acquire() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+// An acquire load: the poll that sees the count orders what follows, with no fence (a fence would
+// first wait for the polling thread's own loads in flight, such as a prologue's).
+__device__ __forceinline__ std::uint32_t load_acquire(const std::uint32_t* p) {
+  std::uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ void add_release(std::uint32_t* p, std::uint32_t v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
@@ -81,7 +87,7 @@ __device__ __forceinline__ std::uint32_t mix(std::uint32_t x) {
   return x;
 }
 
-// The slow path of a wait: polls (relaxed) until the count is reached, backing off after a while.
+// The slow path of a wait: polls (acquire) until the count is reached, backing off after a while.
 // Returns true when the launch must end: this wait timed out (it records where) or another
 // block's did. Inline: a call inside a body would make the registers it keeps across the wait
 // spill, and serialise the split-KV body's wgmma pipeline.
@@ -91,7 +97,7 @@ __device__ __forceinline__ bool spin(const KernelArgs& a, const std::uint32_t* c
   unsigned sleep_ns = 0;
   for (int polls = 1;; ++polls) {
     if (sleep_ns) __nanosleep(sleep_ns);
-    const std::uint32_t seen = load_relaxed(counter);
+    const std::uint32_t seen = load_acquire(counter);
     if (reached(seen, target)) return false;
     if (polls % 64 != 0) continue;
     sleep_ns = sleep_ns ? min(2 * sleep_ns, 256u) : 32u;
@@ -119,8 +125,7 @@ __device__ __forceinline__ void wait_deps(const KernelArgs& a, const Dep* deps, 
     const Dep d = deps[threadIdx.x];
     const std::uint32_t target = step * std::uint32_t(d.per_step) + std::uint32_t(d.need);
     const std::uint32_t* counter = a.done + std::int64_t(d.instruction) * kCounterStride;
-    if (!reached(load_relaxed(counter), target)) abort = spin(a, counter, target, instruction, lane, d.instruction, step);
-    fence_acquire();
+    if (!reached(load_acquire(counter), target)) abort = spin(a, counter, target, instruction, lane, d.instruction, step);
   }
   if (__syncthreads_or(abort)) asm volatile("exit;");
   // Producers wrote with ordinary stores; some consumers read through the TMA engine (the expert
