@@ -453,16 +453,13 @@ __device__ inline void down_body(const ExpertsTileParams& p, const StreamShape& 
     stream.refill_activations(k);
   }
 
-  // Each row chunk is combined by the last of its num_passes items to finish (integer counters;
-  // release: fence before the count, acquire: fence after reading the final count). The block
+  // Each row chunk is combined by the last of its num_passes items to finish (integer counters,
+  // counted with acquire and release semantics). The block
   // counts all its items at once, so their round trips overlap, and combines all its chunks in
   // one pass. The ring is idle now: it holds the chunk list and the staged entry lists.
   __syncthreads();
   for (int k = threadIdx.x; k < stream.items; k += kBlockThreads) {
-    __threadfence();
-    const bool last = atomicAdd(p.chunk_done + stream.s.items[k].w, 1) == stream.num_passes - 1;
-    if (last) __threadfence();
-    stream.s.last[k] = last;
+    stream.s.last[k] = device::atomic_add_acq_rel(p.chunk_done + stream.s.items[k].w, 1) == stream.num_passes - 1;
   }
   __syncthreads();
   int* chunks = reinterpret_cast<int*>(stream.s.ring);  // [0]: count, then the chunks

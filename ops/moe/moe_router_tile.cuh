@@ -554,12 +554,8 @@ __device__ void router_fused_body(const RouterGemvParams& g, const RouterTopkPar
   if (threadIdx.x == 0) {
     bool is_last = false;
     if (mine > 0) {
-      __threadfence();
-      is_last = atomicAdd(counter, mine) + mine == tiles;
-      if (is_last) {
-        __threadfence();
-        *counter = 0;  // the next call starts from zero (no other block touches it after its arrival)
-      }
+      is_last = device::atomic_add_acq_rel(counter, mine) + mine == tiles;
+      if (is_last) *counter = 0;  // the next call starts from zero (no other block touches it after its arrival)
     }
     *last = is_last;
   }
