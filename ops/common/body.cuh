@@ -125,15 +125,6 @@ __device__ __forceinline__ bool handoff_from_previous(const Wait& wait) {
     return false;
 }
 
-// Adds to an arrival counter with acquire and release semantics (atom.acq_rel): the block's writes
-// before its barrier go out with the count, and the thread that sees the final count has every
-// earlier adder's. (__threadfence() on both sides is a sequentially consistent fence each.)
-__device__ __forceinline__ int atomic_add_acq_rel(int* counter, int value) {
-  int old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(counter), "r"(value) : "memory");
-  return old;
-}
-
 __device__ __forceinline__ std::uint64_t global_ns() {
   std::uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

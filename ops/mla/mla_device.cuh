@@ -9,6 +9,7 @@
 #include <encore/ops/mla.h>
 
 #include "common/async_copy.cuh"
+#include "common/counters.cuh"
 
 namespace encore::mla {
 
@@ -18,17 +19,9 @@ using encore::device::cp_async_16;  // (shared with the other ops: common/async_
 using encore::device::cp_async_commit;
 using encore::device::cp_async_wait;
 
-// Integer counters that blocks of one grid use to meet (the fused combine): a block's writes, a
-// barrier, then one thread's release increment; the reader's acquire load, then a barrier. The
-// barriers and the release's cumulativity carry the ordering, so no full fence is needed.
-__device__ __forceinline__ void add_release_gpu(int* p, int v) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ int load_acquire_gpu(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
+// The fused combine's counters (common/counters.cuh).
+using encore::device::add_release_gpu;
+using encore::device::load_acquire_gpu;
 // One thread: spins until *p >= count (acquire); the caller's barrier then hands it to the block.
 __device__ __forceinline__ void wait_count_acquire(const int* p, int count) {
   while (load_acquire_gpu(p) < count) __nanosleep(32);

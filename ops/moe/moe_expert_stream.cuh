@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "common/body.cuh"
+#include "common/counters.cuh"
 #include "common/smem_allocator.cuh"
 #include "q4k/q4k_stream.cuh"
 #include "moe/moe_epilogues.cuh"
@@ -459,7 +460,7 @@ __device__ inline void down_body(const ExpertsTileParams& p, const StreamShape& 
   // one pass. The ring is idle now: it holds the chunk list and the staged entry lists.
   __syncthreads();
   for (int k = threadIdx.x; k < stream.items; k += kBlockThreads) {
-    stream.s.last[k] = device::atomic_add_acq_rel(p.chunk_done + stream.s.items[k].w, 1) == stream.num_passes - 1;
+    stream.s.last[k] = device::add_acq_rel_gpu(p.chunk_done + stream.s.items[k].w, 1) == stream.num_passes - 1;
   }
   __syncthreads();
   int* chunks = reinterpret_cast<int*>(stream.s.ring);  // [0]: count, then the chunks

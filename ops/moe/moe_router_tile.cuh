@@ -21,6 +21,7 @@
 #include <encore/ops/moe.h>
 
 #include "common/body.cuh"
+#include "common/counters.cuh"
 #include "common/block.h"
 #include "common/warp.cuh"
 
@@ -554,7 +555,7 @@ __device__ void router_fused_body(const RouterGemvParams& g, const RouterTopkPar
   if (threadIdx.x == 0) {
     bool is_last = false;
     if (mine > 0) {
-      is_last = device::atomic_add_acq_rel(counter, mine) + mine == tiles;
+      is_last = device::add_acq_rel_gpu(counter, mine) + mine == tiles;
       if (is_last) *counter = 0;  // the next call starts from zero (no other block touches it after its arrival)
     }
     *last = is_last;

@@ -24,6 +24,7 @@
 #include "pipeline/megakernel/kernel.h"
 
 #include "common/body.cuh"
+#include "common/counters.cuh"
 #include "gemv/gemv_tile.cuh"
 #include "kda/kda_tile.cuh"
 #include "mla/mla_splitkv_tile.cuh"
@@ -64,21 +65,11 @@ constexpr int router_tokens_per_round(int tier) { return tier < kRouterTokensPer
 constexpr int expert_pass_entries(int tier) { return tier < moe::kTokensPerPass ? tier : moe::kTokensPerPass; }
 using SplitKvTile = std::conditional_t<kUnitBlocksPerSm == 1, mla::SplitKvConfig, mla::SplitKvHalfSm>;
 
-__device__ __forceinline__ std::uint32_t load_relaxed(const std::uint32_t* p) {
-  std::uint32_t v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-// An acquire load: the poll that sees the count orders what follows, with no fence (a fence would
-// first wait for the polling thread's own loads in flight, such as a prologue's).
-__device__ __forceinline__ std::uint32_t load_acquire(const std::uint32_t* p) {
-  std::uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void add_release(std::uint32_t* p, std::uint32_t v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
+// The counters' loads and adds (common/counters.cuh): the poll that sees a count is an acquire
+// load, so what follows is ordered with no fence.
+using encore::device::add_release_gpu;
+using encore::device::load_acquire_gpu;
+using encore::device::load_relaxed_gpu;
 using encore::device::global_ns;
 __device__ __forceinline__ bool reached(std::uint32_t seen, std::uint32_t target) { return std::int32_t(seen - target) >= 0; }
 
@@ -97,11 +88,11 @@ __device__ __forceinline__ bool spin(const KernelArgs& a, const std::uint32_t* c
   unsigned sleep_ns = 0;
   for (int polls = 1;; ++polls) {
     if (sleep_ns) __nanosleep(sleep_ns);
-    const std::uint32_t seen = load_acquire(counter);
+    const std::uint32_t seen = load_acquire_gpu(counter);
     if (reached(seen, target)) return false;
     if (polls % 64 != 0) continue;
     sleep_ns = sleep_ns ? min(2 * sleep_ns, 256u) : 32u;
-    const bool stopped = load_relaxed(a.step + 2) != 0;  // another block's wait timed out
+    const bool stopped = load_relaxed_gpu(a.step + 2) != 0;  // another block's wait timed out
     if (stopped || (a.wait_timeout_ns && global_ns() - start > a.wait_timeout_ns)) {
       // Every block still waiting reports its wait (the host names the earliest instruction: the
       // others wait, directly or not, on it), and the first to time out tells all to stop.
@@ -125,7 +116,7 @@ __device__ __forceinline__ void wait_deps(const KernelArgs& a, const Dep* deps, 
     const Dep d = deps[threadIdx.x];
     const std::uint32_t target = step * std::uint32_t(d.per_step) + std::uint32_t(d.need);
     const std::uint32_t* counter = a.done + std::int64_t(d.instruction) * kCounterStride;
-    if (!reached(load_acquire(counter), target)) abort = spin(a, counter, target, instruction, lane, d.instruction, step);
+    if (!reached(load_acquire_gpu(counter), target)) abort = spin(a, counter, target, instruction, lane, d.instruction, step);
   }
   if (__syncthreads_or(abort)) asm volatile("exit;");
   // Producers wrote with ordinary stores; some consumers read through the TMA engine (the expert
@@ -320,7 +311,7 @@ template <int NTOK, int kBlocksPerSm>
 __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) megakernel(const __grid_constant__ KernelArgs a) {
   static_assert(kBlocksPerSm == kUnitBlocksPerSm, "the bodies of this unit are planned for its residency");
   const SmemLayout layout(megakernel_smem);
-  const std::uint32_t step = load_relaxed(a.step);  // written by the previous launch
+  const std::uint32_t step = load_relaxed_gpu(a.step);  // written by the previous launch
   const int grid = int(gridDim.x);
   // The instructions this block runs, in order: its row of the schedule (copied into shared
   // memory), or in stress mode those whose freshly permuted lane has a tile.
@@ -362,7 +353,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) megakernel(const 
     if (stress) __nanosleep(mix(a.stress_seed + 977u * step + 131u * i + blockIdx.x) % 4096u);
     encore::device::fence_proxy_async();  // this body's generic smem writes, before the next body's copies
     __syncthreads();
-    if (threadIdx.x == 0) add_release(a.done + std::int64_t(i) * kCounterStride, std::uint32_t((h.tiles - lane + h.lanes - 1) / h.lanes));
+    if (threadIdx.x == 0) add_release_gpu(a.done + std::int64_t(i) * kCounterStride, std::uint32_t((h.tiles - lane + h.lanes - 1) / h.lanes));
     if (a.trace && threadIdx.x == 0) a.trace[std::int64_t(i) * grid + blockIdx.x].end = global_ns();
     i = next, slot ^= 1;
   }
