@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <bitset>
-#include <limits>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include <encore/ops/kda.h>
@@ -28,7 +28,7 @@ struct Node {
   // down); the next instruction's lane 0 goes to this lane, so that its own heavy lanes (an
   // in-projection's second tiles) land on the blocks that finish first.
   int first_light_lane = 0;
-  // >= 0: lane 0 on this block, whatever came before (the one-token layer partition, below).
+  // >= 0: lane 0 on this block, whatever came before (the KDA partition, plan_partition).
   int pinned_block = -1;
   // > 0: at most this many lanes (default: one per tile, up to the grid).
   int max_lanes = 0;
@@ -111,7 +111,7 @@ class Lowering {
   }
 
  private:
-  // One token, where KDA's tiles take at most a quarter of the grid: KDA runs on blocks
+  // Where KDA's tiles take at most a quarter of the grid (Kimi at one token): KDA runs on blocks
   // [0, kda_blocks_) and its layer's projections, the router's GEMV and the top-k on the others,
   // every layer. A block then runs the same few bodies each layer (KDA and the expert streams, or
   // the GEMVs, the router and the expert streams), a working set its SM's instruction cache can
@@ -489,7 +489,7 @@ class Lowering {
   Program& out_;
   std::vector<Node> nodes_;
   bool gemv_seen_ = false;
-  int kda_blocks_ = 0;  // > 0: the one-token partition (plan_partition)
+  int kda_blocks_ = 0;  // > 0: KDA's blocks in the partition (plan_partition)
 };
 
 }  // namespace
