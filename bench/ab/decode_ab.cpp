@@ -196,14 +196,14 @@ void write_trace_csv(const Megakernel& mk, const std::vector<encore::pipeline::M
   if (std::system(("mkdir -p \"$(dirname '" + path + "')\"").c_str()) != 0) return;
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (!f) return;
-  std::fprintf(f, "index,name,tiles,blocks,first_block,start,first_ready,last_ready,end,producers\n");
+  std::fprintf(f, "index,name,tiles,lanes,blocks,first_block,start,first_ready,last_ready,end,producers\n");
   for (std::size_t i = 0; i < t.size(); ++i) {
     const auto& info = mk.program()[i];
     std::string producers;
     for (const auto* list : {&info.prologue_producers, &info.producers})
       for (int j : *list) producers += (producers.empty() ? "" : " ") + std::to_string(j);
-    std::fprintf(f, "%zu,%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%s\n", i, info.name.c_str(), info.tiles, t[i].blocks, info.first_block, t[i].start, t[i].first_ready,
-                 t[i].last_ready, t[i].end, producers.c_str());
+    std::fprintf(f, "%zu,%s,%d,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%s\n", i, info.name.c_str(), info.tiles, info.lanes, t[i].blocks,
+                 info.first_block, t[i].start, t[i].first_ready, t[i].last_ready, t[i].end, producers.c_str());
   }
   std::fclose(f);
   std::FILE* g = std::fopen((path.substr(0, path.size() - 4) + "_blocks.csv").c_str(), "w");

@@ -48,13 +48,18 @@ def first_mark(ms, name, default):
     return next((t for m, _, t in ms if m == name), default)
 
 
+def lanes_of(row, grid):
+    """The blocks an instruction runs on (traces before the lanes column: one per tile, up to the grid)."""
+    return int(row["lanes"]) if row.get("lanes") else min(grid, int(row["tiles"]))
+
+
 def pass_waits(ins, blocks, marks, gi, si, di, grid, handoff):
     """Down's end with per-pass waits (us), from the gate/up items' ends."""
     done = collections.defaultdict(float)
     for idx, per_pass in ((gi, GATE_UP_ROW_GROUPS), (si, None)):
         if idx is None:
             continue
-        first, lanes = int(ins[idx]["first_block"]), min(grid, int(ins[idx]["tiles"]))
+        first, lanes = int(ins[idx]["first_block"]), lanes_of(ins[idx], grid)
         for b, ms in marks[idx].items():
             for k, (_, end) in item_spans(ms).items():
                 item = (b - first) % grid + k * lanes
@@ -63,7 +68,7 @@ def pass_waits(ins, blocks, marks, gi, si, di, grid, handoff):
     routed = [p for p in done if p != "shared"]
     if "shared" in done:
         done[max(routed, default=-1) + 1] = done.pop("shared")  # the shared experts' pass is the last
-    first, lanes = int(ins[di]["first_block"]), min(grid, int(ins[di]["tiles"]))
+    first, lanes = int(ins[di]["first_block"]), lanes_of(ins[di], grid)
     end_all = 0.0
     for b, ms in marks[di].items():
         start, ready, end = blocks[di][b]
