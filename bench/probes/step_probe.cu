@@ -221,8 +221,9 @@ __global__ void __launch_bounds__(THREADS, 1) step_program(const char* pool, Sta
       }
       if (s > 0) {  // the previous stage's tiles, all of them
         unsigned long long v = 0;
-        do { asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(counters + (s - 1) * 16) : "memory"); } while (v < (unsigned long long)tiles[s - 1]);
-        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        // (acquire polls, as the megakernel's waits: a fence after a relaxed poll would first wait
+        // for this thread's loads in flight)
+        do { asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(counters + (s - 1) * 16) : "memory"); } while (v < (unsigned long long)tiles[s - 1]);
       }
     }
     __syncthreads();
