@@ -455,13 +455,12 @@ __device__ inline void down_body(const ExpertsTileParams& p, const StreamShape& 
   }
 
   // Each row chunk is combined by the last of its num_passes items to finish (integer counters,
-  // counted with acquire and release semantics). The block
-  // counts all its items at once, so their round trips overlap, and combines all its chunks in
-  // one pass. The ring is idle now: it holds the chunk list and the staged entry lists.
+  // counted with acquire and release semantics). The block counts all its items at once, so their
+  // round trips overlap, and combines all its chunks in one pass. The ring is idle now: it holds
+  // the chunk list and the staged entry lists.
   __syncthreads();
-  for (int k = threadIdx.x; k < stream.items; k += kBlockThreads) {
+  for (int k = threadIdx.x; k < stream.items; k += kBlockThreads)
     stream.s.last[k] = device::add_acq_rel_gpu(p.chunk_done + stream.s.items[k].w, 1) == stream.num_passes - 1;
-  }
   __syncthreads();
   int* chunks = reinterpret_cast<int*>(stream.s.ring);  // [0]: count, then the chunks
   if (threadIdx.x == 0) {

@@ -21,8 +21,8 @@
 #include <encore/ops/moe.h>
 
 #include "common/body.cuh"
-#include "common/counters.cuh"
 #include "common/block.h"
+#include "common/counters.cuh"
 #include "common/warp.cuh"
 
 namespace encore::moe {
