@@ -383,13 +383,19 @@ struct ExpertStream {
 template <bool kInBlock, ExpertSet kSet = ExpertSet::kAll, int kPass = kTokensPerPass, class Range, class Wait>
 __device__ inline void gate_up_body(const ExpertsTileParams& p, const StreamShape& shape, const StreamMaps& maps, const Range& r,
                                     char* smem, Wait& wait) {
-  if (kInBlock && p.h_settled) {
+  // The routed stream of a block whose previous instruction was the layer's shared stream (the
+  // megakernel's split gate/up: the same shape, so the same resident buffer) finds the input
+  // already quantised there; the shared stream says so through the handoff.
+  const bool shared_set = kInBlock && stream_runs<kSet>(shape.set, ExpertSet::kShared);
+  const bool act_handed = kInBlock && stream_runs<kSet>(shape.set, ExpertSet::kRouted) && device::handoff_from_previous(wait);
+  if (kInBlock && p.h_settled && !act_handed) {
     const StreamSmem s(smem, shape);
     quantize_rows(p, 0, p.batch, s.act, s.row_partial);
+    if (shared_set) device::leave_handoff(wait);
   }
   // The routing (and the work list or h) come from upstream; the shared experts' stream needs none
   // of it (its list is from the slot ids alone), so its list and first weights come first.
-  if (!(kInBlock && stream_runs<kSet>(shape.set, ExpertSet::kShared))) wait();
+  if (!shared_set) wait();
   ExpertStream<2, kInBlock, kSet> stream(p, shape, maps, smem, gate_up_row_groups(p.inter), r.first(), r.stride(), wait);
   wait();
   // (the prepare kernel's job otherwise; the routed stream's when gate/up is split)
