@@ -323,7 +323,9 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) megakernel(const 
   }
   if (threadIdx.x == 0) *layout.handoff = 0;  // (shared memory is not this launch's yet)
   __syncthreads();
-  auto instruction_at = [&](int k, int& cursor) {  // the k-th instruction this block runs (cursor: stress scan)
+  // The k-th instruction this block runs, as a schedule entry (index and waited flags; a.count past
+  // the last). Stress mode scans the program (cursor) and waits for every producer.
+  auto entry_at = [&](int k, int& cursor) -> int {
     if (!stress) return k < layout.schedule[0] ? int(layout.schedule[1 + k]) : a.count;
     for (; cursor < a.count; ++cursor)
       if (lane_of(a, a.program[cursor].h, cursor, step) < a.program[cursor].h.lanes) return cursor++;
@@ -331,10 +333,10 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) megakernel(const 
   };
   int cursor = 0, slot = 0;
   std::uint32_t marks = 0;  // (trace mode) carried from one instruction's wait policy to the next
-  int i = instruction_at(0, cursor);
+  int entry = entry_at(0, cursor), i = entry & kScheduleIndexMask;
   if (i < a.count) stage_instruction(a, i, layout.slots[0]);
   for (int k = 0; i < a.count; ++k) {
-    const int next = instruction_at(k + 1, cursor);
+    const int next_entry = entry_at(k + 1, cursor), next = next_entry & kScheduleIndexMask;
     encore::device::cp_async_wait_all();
     __syncthreads();  // this instruction's slot has landed; the previous body is done with its memory
     if (next < a.count) stage_instruction(a, next, layout.slots[slot ^ 1]);  // in flight while this one runs
@@ -342,9 +344,10 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) megakernel(const 
     const Header h = ins.h;
     const int lane = lane_of(a, h, i, step);
     if (a.trace && threadIdx.x == 0) a.trace[std::int64_t(i) * grid + blockIdx.x].start = global_ns();
-    CounterWait early{a, ins.deps, h.early_deps, step, i, lane};
+    // (producers this block has already waited for in this step: no poll, no barrier)
+    CounterWait early{a, ins.deps, entry & kEarlyWaited ? 0 : h.early_deps, step, i, lane};
     early();
-    CounterWait late{a, ins.deps + h.early_deps, h.late_deps, step, i, lane, false, marks, layout.handoff};
+    CounterWait late{a, ins.deps + h.early_deps, entry & kLateWaited ? 0 : h.late_deps, step, i, lane, false, marks, layout.handoff};
     // Lanes stride by the instruction's lane count: an instruction may leave blocks out (the MoE
     // gate/up skips the top-k's blocks), and its tiles and dynamic items must still all be taken.
     if (!a.skip_bodies) run<NTOK>(slot, h.op, TileRange{lane, int(h.lanes)}, late);
@@ -355,7 +358,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) megakernel(const 
     __syncthreads();
     if (threadIdx.x == 0) add_release_gpu(a.done + std::int64_t(i) * kCounterStride, std::uint32_t((h.tiles - lane + h.lanes - 1) / h.lanes));
     if (a.trace && threadIdx.x == 0) a.trace[std::int64_t(i) * grid + blockIdx.x].end = global_ns();
-    i = next, slot ^= 1;
+    entry = next_entry, i = next, slot ^= 1;
   }
   if (a.marks && threadIdx.x == 0) a.mark_counts[blockIdx.x] = marks;
   // The last block out of the step advances the step counter for the next launch.

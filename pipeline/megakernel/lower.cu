@@ -107,6 +107,7 @@ class Lowering {
         if ((b + h.lane_offset) % grid < h.lanes) row[1 + row[0]++] = std::uint16_t(i);
       }
     }
+    mark_waited();
     return {};
   }
 
@@ -424,7 +425,8 @@ class Lowering {
   Status link() {
     const int n = int(nodes_.size());
     ENCORE_REQUIRE(n <= kMaxProgram, StatusCode::kUnsupported, "megakernel: ", n, " instructions exceed ", kMaxProgram);
-    std::vector<std::bitset<kMaxInstructions>> ancestors(n);
+    std::vector<std::bitset<kMaxInstructions>>& ancestors = ancestors_;
+    ancestors.assign(n, {});
     int start = 0, previous_start = 0;
     for (int j = 0; j < n; ++j) {
       std::vector<int> early, late;
@@ -483,11 +485,35 @@ class Lowering {
   // What a GEMV's ring may take: the split-KV body sets the block's shared memory anyway.
   static constexpr std::size_t kGemvSmemBudget = 200 * 1024;
 
+  // Which producers a block has waited for before each of its instructions: the deps of the
+  // instructions it ran, and what those imply (every block that signals has waited for all its
+  // producers first, so a count reached implies its producers' counts).
+  void mark_waited() {
+    const int count = int(out_.instructions.size());
+    out_.waited.assign(out_.schedule.size(), 0);
+    for (int b = 0; b < out_.grid; ++b) {
+      const std::size_t at = std::size_t(b) * (count + 1);
+      std::bitset<kMaxInstructions> waited;
+      for (int k = 1; k <= out_.schedule[at]; ++k) {
+        const Header& h = out_.instructions[out_.schedule[at + k]].h;
+        const Dep* deps = out_.instructions[out_.schedule[at + k]].deps;
+        auto all_waited = [&](int first, int n) {
+          for (int d = first; d < first + n; ++d)
+            if (!waited.test(deps[d].instruction)) return false;
+          return n > 0;
+        };
+        out_.waited[at + k] = std::uint8_t((all_waited(0, h.early_deps) ? 1 : 0) | (all_waited(h.early_deps, h.late_deps) ? 2 : 0));
+        for (int d = 0; d < h.early_deps + h.late_deps; ++d) waited |= ancestors_[deps[d].instruction], waited.set(deps[d].instruction);
+      }
+    }
+  }
+
   const std::vector<Stage>& stages_;
   const Target target_;
   const CUtensorMap* map_table_;
   Program& out_;
   std::vector<Node> nodes_;
+  std::vector<std::bitset<kMaxInstructions>> ancestors_;  // (link) every instruction each one depends on
   bool gemv_seen_ = false;
   int kda_blocks_ = 0;  // > 0: KDA's blocks in the partition (plan_partition)
 };

@@ -72,6 +72,11 @@ struct Program {
   std::size_t smem = 0;  // dynamic shared memory: the program's slots and schedule + the most any body needs
   // Per block, the instructions it has a tile of: [grid][count + 1], row = {length, indices...}.
   std::vector<std::uint16_t> schedule;
+  // Per schedule entry (the same places; 0 for the lengths): bit 0, the block has already waited,
+  // in this step, for every early producer of the instruction or for one that implies it; bit 1,
+  // the same for the late producers (the down stream waits again for the top-k its block's gate/up
+  // waited for). The kernel skips those waits.
+  std::vector<std::uint8_t> waited;
 };
 
 // Slots the map table needs at most for `stages`.

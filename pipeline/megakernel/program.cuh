@@ -153,11 +153,19 @@ struct SmemLayout {
   }
 };
 
+// A device schedule entry: the instruction's index, and whether this block has already waited in
+// this launch for every one of its early (or late) producers, itself or through a producer that
+// implies it (Program::waited); the kernel then skips that wait.
+inline constexpr std::uint16_t kScheduleIndexMask = 0x3FFF;
+inline constexpr std::uint16_t kEarlyWaited = 0x8000, kLateWaited = 0x4000;
+static_assert(kMaxProgram <= kScheduleIndexMask);
+
 struct KernelArgs {
   const Instruction* program;
   std::int32_t count;
-  // Per block, the instructions it runs: [grid][count + 1], row = {length, indices...}. Not used
-  // in stress mode, where every launch maps lanes afresh.
+  // Per block, the instructions it runs: [grid][count + 1], row = {length, entries...} (an entry:
+  // index | kEarlyWaited | kLateWaited). Not used in stress mode, where every launch maps lanes
+  // afresh (and every wait polls).
   const std::uint16_t* schedule;
   std::uint32_t* step;        // [0]: steps completed, [1]: blocks that finished a step, [2]: stop (a wait timed out)
   std::uint32_t* done;        // [count * kCounterStride]: tiles done, monotonic over steps

@@ -364,6 +364,47 @@ TEST(MegakernelLower, OneTokenKeepsKdaOnItsOwnBlocks) {
   }
 }
 
+// A block skips a wait only for producers it has already waited for in the step, itself or
+// through a producer that implies them (every block that signals has waited for its producers);
+// the down stream's early wait for the top-k, which its block's gate/up waited for, is one.
+TEST(MegakernelLower, WaitsAreSkippedOnlyForProducersTheBlockHasWaitedFor) {
+  for (int batch : {1, 4, 16}) {
+    SCOPED_TRACE(batch);
+    const Program p = lowered(stages_of(ModelConfig::kimi_linear_48b(), batch, 16));
+    const int count = int(p.instructions.size());
+    ASSERT_EQ(p.waited.size(), p.schedule.size());
+    std::vector<std::bitset<1024>> implied(count);  // each instruction and everything it depends on
+    for (int i = 0; i < count; ++i) {
+      implied[i].set(i);
+      const Instruction& ins = p.instructions[i];
+      for (int d = 0; d < ins.h.early_deps + ins.h.late_deps; ++d) implied[i] |= implied[ins.deps[d].instruction];
+    }
+    int skipped_down = 0, downs = 0, waits = 0, skipped = 0;
+    for (int b = 0; b < p.grid; ++b) {
+      const std::size_t at = std::size_t(b) * (count + 1);
+      EXPECT_EQ(p.waited[at], 0);
+      std::bitset<1024> done;  // the producers this block has waited for so far
+      for (int k = 1; k <= p.schedule[at]; ++k) {
+        const Instruction& ins = p.instructions[p.schedule[at + k]];
+        const std::uint8_t flags = p.waited[at + k];
+        ASSERT_LE(flags, 3);
+        for (int part = 0; part < 2; ++part) {
+          const int first = part == 0 ? 0 : ins.h.early_deps, n = part == 0 ? ins.h.early_deps : ins.h.late_deps;
+          if (!(flags >> part & 1)) continue;
+          EXPECT_GT(n, 0) << p.info[p.schedule[at + k]].name;
+          for (int d = first; d < first + n; ++d)
+            EXPECT_TRUE(done.test(ins.deps[d].instruction)) << p.info[p.schedule[at + k]].name << " on block " << b;
+        }
+        if (ins.h.op == Opcode::kMoeDown && ins.h.early_deps > 0) ++downs, skipped_down += flags & 1;
+        waits += (ins.h.early_deps > 0) + (ins.h.late_deps > 0), skipped += (flags & 1) + (flags >> 1);
+        for (int d = 0; d < ins.h.early_deps + ins.h.late_deps; ++d) done |= implied[ins.deps[d].instruction];
+      }
+    }
+    if (batch <= 4) EXPECT_GT(skipped_down, downs / 2) << "down's early wait for the routing, skipped on most blocks";
+    std::printf("  [batch %d] %d of %d waits skipped (down's early wait: %d of %d)\n", batch, skipped, waits, skipped_down, downs);
+  }
+}
+
 TEST(MegakernelLower, RejectsWhatTheTargetCannotHold) {
   const std::vector<Stage> stages = stages_of(ModelConfig::tiny(), 3, 3);
   Program p;
