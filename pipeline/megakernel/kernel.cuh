@@ -347,7 +347,8 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm) megakernel(const 
     // (producers this block has already waited for in this step: no poll, no barrier)
     CounterWait early{a, ins.deps, entry & kEarlyWaited ? 0 : h.early_deps, step, i, lane};
     early();
-    CounterWait late{a, ins.deps + h.early_deps, entry & kLateWaited ? 0 : h.late_deps, step, i, lane, false, marks, layout.handoff};
+    const int late_deps = entry & kLateWaited ? 0 : h.late_deps;
+    CounterWait late{a, ins.deps + h.early_deps, late_deps, step, i, lane, false, marks, layout.handoff};
     // Lanes stride by the instruction's lane count: an instruction may leave blocks out (the MoE
     // gate/up skips the top-k's blocks), and its tiles and dynamic items must still all be taken.
     if (!a.skip_bodies) run<NTOK>(slot, h.op, TileRange{lane, int(h.lanes)}, late);

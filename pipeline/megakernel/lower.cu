@@ -502,8 +502,12 @@ class Lowering {
             if (!waited.test(deps[d].instruction)) return false;
           return n > 0;
         };
-        out_.waited[at + k] = std::uint8_t((all_waited(0, h.early_deps) ? 1 : 0) | (all_waited(h.early_deps, h.late_deps) ? 2 : 0));
-        for (int d = 0; d < h.early_deps + h.late_deps; ++d) waited |= ancestors_[deps[d].instruction], waited.set(deps[d].instruction);
+        const bool early = all_waited(0, h.early_deps), late = all_waited(h.early_deps, h.late_deps);
+        out_.waited[at + k] = std::uint8_t((early ? 1 : 0) | (late ? 2 : 0));
+        for (int d = 0; d < h.early_deps + h.late_deps; ++d) {
+          waited |= ancestors_[deps[d].instruction];
+          waited.set(deps[d].instruction);
+        }
       }
     }
   }

@@ -101,14 +101,16 @@ Status Megakernel::build(Pipeline& pipeline, Megakernel& out, const MegakernelOp
   // The device schedule: each entry's index with its waited flags.
   std::vector<std::uint16_t> schedule = program.schedule;
   for (std::size_t e = 0; e < schedule.size(); ++e)
-    schedule[e] |= std::uint16_t((program.waited[e] & 1 ? megakernel::kEarlyWaited : 0) | (program.waited[e] & 2 ? megakernel::kLateWaited : 0));
+    schedule[e] |= std::uint16_t((program.waited[e] & 1 ? megakernel::kEarlyWaited : 0) |
+                                 (program.waited[e] & 2 ? megakernel::kLateWaited : 0));
 
   std::vector<CUtensorMap> maps(std::size_t(program.map_slots));
   for (const megakernel::MapRequest& r : program.maps) ENCORE_RETURN_IF_ERROR(r.encode(maps.data() + r.slot));
   char* base = static_cast<char*>(device);
   ENCORE_CUDA_TRY(cudaMemcpy(base, program.instructions.data(), std::size_t(count) * sizeof(Instruction),
                              cudaMemcpyHostToDevice));
-  ENCORE_CUDA_TRY(cudaMemcpy(base + layout.schedule, schedule.data(), schedule.size() * sizeof(std::uint16_t), cudaMemcpyHostToDevice));
+  ENCORE_CUDA_TRY(cudaMemcpy(base + layout.schedule, schedule.data(), schedule.size() * sizeof(std::uint16_t),
+                             cudaMemcpyHostToDevice));
   if (!maps.empty())
     ENCORE_CUDA_TRY(cudaMemcpy(base + layout.maps, maps.data(), maps.size() * sizeof(CUtensorMap), cudaMemcpyHostToDevice));
   ENCORE_CUDA_TRY(cudaMemset(base + layout.counters, 0, layout.total - layout.counters));

@@ -401,7 +401,8 @@ TEST(MegakernelLower, WaitsAreSkippedOnlyForProducersTheBlockHasWaitedFor) {
       }
     }
     if (batch <= 4) EXPECT_GT(skipped_down, downs / 2) << "down's early wait for the routing, skipped on most blocks";
-    std::printf("  [batch %d] %d of %d waits skipped (down's early wait: %d of %d)\n", batch, skipped, waits, skipped_down, downs);
+    std::printf("  [batch %d] %d of %d waits skipped (down's early wait: %d of %d)\n", batch, skipped, waits, skipped_down,
+                downs);
   }
 }
 
