@@ -189,9 +189,10 @@ struct ExpertStream {
   // so the down kernel runs this before its own wait (global data read through L2, ld.cg).
   // start_activations() follows the wait. `wait` gives the marks (trace mode) and, in the
   // megakernel, the list a block's gate/up hands to its down stream (device::leave_handoff).
+  // `ring_now` false: the caller starts the ring later (start_ring).
   template <class Wait>
   __device__ ExpertStream(const ExpertsTileParams& p, const StreamShape& sh, const StreamMaps& maps, char* smem, int row_groups,
-                          int first, int stride, Wait& wait)
+                          int first, int stride, Wait& wait, bool ring_now = true)
       : shape(sh), s(smem, sh), list(kInBlock ? s.list : global_work_list(p)) {
 #pragma unroll
     for (int m = 0; m < NMAT; ++m) map[m] = &maps.mat[m];
@@ -230,6 +231,12 @@ struct ExpertStream {
     items = total > first ? (total - first + stride - 1) / stride : 0;
     __syncthreads();
     device::mark(wait, device::Mark::kListBuilt, -1);
+    if (ring_now) start_ring(wait);
+  }
+
+  // The ring's first pieces (the items' weights depend on nothing of the step).
+  template <class Wait>
+  __device__ void start_ring(Wait& wait) {
     for (int j = 0; j < shape.template first_pieces<Wait>(); ++j) fill_next();
     device::mark(wait, device::Mark::kRingStarted, -1);
   }
@@ -388,15 +395,22 @@ __device__ inline void gate_up_body(const ExpertsTileParams& p, const StreamShap
   // already quantised there; the shared stream says so through the handoff.
   const bool shared_set = kInBlock && stream_runs<kSet>(shape.set, ExpertSet::kShared);
   const bool act_handed = kInBlock && stream_runs<kSet>(shape.set, ExpertSet::kRouted) && device::handoff_from_previous(wait);
-  if (kInBlock && p.h_settled && !act_handed) {
+  if (kInBlock && p.h_settled && !act_handed && !shared_set) {
     const StreamSmem s(smem, shape);
     quantize_rows(p, 0, p.batch, s.act, s.row_partial);
-    if (shared_set) device::leave_handoff(wait);
   }
-  // The routing (and the work list or h) come from upstream; the shared experts' stream needs none
-  // of it (its list is from the slot ids alone), so its list and first weights come first.
+  // The routing (and the work list or h) come from upstream. The shared experts' stream needs none
+  // of it: its list (from the slot ids alone) comes first, then its wait for the input, which it
+  // quantises before its ring starts (copies issued first would meet the quantisation's loads).
   if (!shared_set) wait();
-  ExpertStream<2, kInBlock, kSet> stream(p, shape, maps, smem, gate_up_row_groups(p.inter), r.first(), r.stride(), wait);
+  ExpertStream<2, kInBlock, kSet> stream(p, shape, maps, smem, gate_up_row_groups(p.inter), r.first(), r.stride(), wait,
+                                         !shared_set);
+  if (shared_set) {
+    wait();
+    quantize_rows(p, 0, p.batch, stream.s.act, stream.s.row_partial);
+    device::leave_handoff(wait);
+    stream.start_ring(wait);
+  }
   wait();
   // (the prepare kernel's job otherwise; the routed stream's when gate/up is split)
   if (kInBlock && !stream_runs<kSet>(shape.set, ExpertSet::kShared) && r.first() == 0) reset_chunk_counters(p);

@@ -388,7 +388,8 @@ class Lowering {
                     "moe.shared_gate_up", plan.gate_up_smem);
       s.ins.params.moe_stream = {e, plan.gate_up, maps};
       s.ins.params.moe_stream.shape.set = moe::ExpertSet::kShared;
-      s.info.accesses = {read(x_rows, true), bytes_of(e.act_mid + routed_rows * mid_row, std::size_t(m.batch) * m.num_shared * mid_row, true)};
+      // (x after its list, in the body's wait: the list needs only the slot ids)
+      s.info.accesses = {read(x_rows), bytes_of(e.act_mid + routed_rows * mid_row, std::size_t(m.batch) * m.num_shared * mid_row, true)};
     }
     {
       Node& g = add(Opcode::kMoeGateUp, gate_up_lanes, si, "moe.gate_up", plan.gate_up_smem);
