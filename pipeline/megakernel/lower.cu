@@ -426,8 +426,7 @@ class Lowering {
   Status link() {
     const int n = int(nodes_.size());
     ENCORE_REQUIRE(n <= kMaxProgram, StatusCode::kUnsupported, "megakernel: ", n, " instructions exceed ", kMaxProgram);
-    std::vector<std::bitset<kMaxInstructions>>& ancestors = ancestors_;
-    ancestors.assign(n, {});
+    ancestors_.assign(n, {});
     int start = 0, previous_start = 0;
     for (int j = 0; j < n; ++j) {
       std::vector<int> early, late;
@@ -441,12 +440,12 @@ class Lowering {
             }
         if (conflict) (in_prologue ? early : late).push_back(i);
       }
-      for (int i : early) ancestors[j] |= ancestors[i], ancestors[j].set(i);
-      for (int i : late) ancestors[j] |= ancestors[i], ancestors[j].set(i);
+      for (int i : early) ancestors_[j] |= ancestors_[i], ancestors_[j].set(i);
+      for (int i : late) ancestors_[j] |= ancestors_[i], ancestors_[j].set(i);
       // Drop what another dependency implies: an early one only through another early one.
       auto implied = [&](int i, const std::vector<int>& by) {
         for (int k : by)
-          if (k != i && ancestors[k].test(i)) return true;
+          if (k != i && ancestors_[k].test(i)) return true;
         return false;
       };
       std::vector<int> kept_early, kept_late;
