@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "common/cuda_check.h"
 #include "common/block.h"
@@ -54,24 +55,25 @@ __global__ void __launch_bounds__(kBlockThreads) moe_prepare_kernel(const __grid
 }
 
 // Gate/up and down: streaming blocks per SM as planned (their rings fill the shared memory).
-// kInBlock: each block builds the work list itself (small batches, no prepare kernel).
-template <int BlocksPerSm, bool kInBlock>
+// kInBlock: each block builds the work list itself (small batches, no prepare kernel). kPass: the
+// most entries a pass holds (one token: 1, so no code runs for absent entries; the same sums).
+template <int BlocksPerSm, bool kInBlock, int kPass = moe::kTokensPerPass>
 __global__ void __launch_bounds__(kBlockThreads, BlocksPerSm)
     moe_gate_up_kernel(const __grid_constant__ ExpertsTileParams p, const moe::StreamShape shape,
                        const __grid_constant__ moe::StreamMaps maps) {
   extern __shared__ __align__(128) char smem[];
   device::PdlWait wait;
-  moe::gate_up_body<kInBlock>(p, shape, maps, device::GridRange{}, smem, wait);  // waits for the routing inside
+  moe::gate_up_body<kInBlock, moe::ExpertSet::kAll, kPass>(p, shape, maps, device::GridRange{}, smem, wait);  // waits for the routing inside
 }
 
 // Waits for the gate/up kernel inside the body, after its weight copies are issued.
-template <int BlocksPerSm, bool kInBlock>
+template <int BlocksPerSm, bool kInBlock, int kPass = moe::kTokensPerPass>
 __global__ void __launch_bounds__(kBlockThreads, BlocksPerSm)
     moe_down_kernel(const __grid_constant__ ExpertsTileParams p, const moe::StreamShape shape,
                     const __grid_constant__ moe::StreamMaps maps) {
   extern __shared__ __align__(128) char smem[];
   device::PdlWait wait;
-  moe::down_body<kInBlock>(p, shape, maps, device::GridRange{}, smem, wait);
+  moe::down_body<kInBlock, kPass>(p, shape, maps, device::GridRange{}, smem, wait);
 }
 
 // ---- helpers ------------------------------------------------------------------------------------
@@ -506,10 +508,15 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   // The general plan's grids depend on max_batch only, so one capture at max_batch serves any
   // routing; the small-batch plan (in-block lists) is the batch's own.
   if (plan.gate_up.in_block()) {
-    ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel<kSmallBatchBlocks, true>, plan.gate_up_grid, plan.gate_up_smem,
-                                          stream, true, "moe gate/up kernel", p, plan.gate_up, gate_up_maps));
-    return detail::launch(moe_down_kernel<kSmallBatchBlocks, true>, plan.down_grid, plan.down_smem, stream, true, "moe down kernel",
-                          p, plan.down, down_maps);
+    // One token: passes of one entry (the megakernel's one-token bodies, the same sums).
+    auto small = [&](auto pass) -> Status {
+      constexpr int kPass = decltype(pass)::value;
+      ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel<kSmallBatchBlocks, true, kPass>, plan.gate_up_grid, plan.gate_up_smem,
+                                            stream, true, "moe gate/up kernel", p, plan.gate_up, gate_up_maps));
+      return detail::launch(moe_down_kernel<kSmallBatchBlocks, true, kPass>, plan.down_grid, plan.down_smem, stream, true,
+                            "moe down kernel", p, plan.down, down_maps);
+    };
+    return a.batch == 1 ? small(std::integral_constant<int, 1>{}) : small(std::integral_constant<int, moe::kTokensPerPass>{});
   }
   const int prepare = moe::prepare_tiles(a.max_batch);
   ENCORE_RETURN_IF_ERROR(detail::launch(moe_prepare_kernel, prepare, moe::prepare_smem_bytes(), stream, true,
