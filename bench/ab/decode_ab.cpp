@@ -8,12 +8,14 @@
 //
 //   encore_ab [--batches 1,4,16] [--contexts 1024,4096,16384,32768] [--long 131072]
 //             [--steps 10] [--rounds 7] [--out DIR] [--trace] [--gemv-core auto|dp4a|int8|f16]
-//             [--model kimi|kimi-kda] [--blocks-per-sm 1|2] [--chain]
+//             [--model kimi|kimi-kda] [--blocks-per-sm 1|2] [--mla-parts P] [--chain]
 // --chain also times, against the megakernel in the same rounds, its chain alone: the same program
 // with every body skipped (MegakernelOptions::chain_only), the waits and signals with no bytes.
 // kimi-kda is the preset with every MLA layer made a KDA layer. --blocks-per-sm 2 runs the
 // megakernel at two blocks per SM (split-KV in its tile shape for half an SM); the batches it
 // refuses (from 3: the dense down projection's plan needs more than half an SM) are skipped.
+// --mla-parts sets the MLA split plan's parts P for both paths (docs/mla.md §7; default: one per
+// SM at up to 32 heads): fewer parts give fewer, longer splits, fewer partials to store and merge.
 // Without a CUDA device it says so and exits with status 1.
 #include <algorithm>
 #include <cstdio>
@@ -52,6 +54,7 @@ struct Options {
   bool kda_for_mla = false;  // --model kimi-kda
   int blocks_per_sm = 1;     // the megakernel's resident blocks per SM
   bool chain = false;        // also time the megakernel's chain alone (bodies skipped)
+  int mla_parts = 0;         // the MLA split plan's parts (0: the device's default)
 };
 
 std::vector<int> parse_list(const char* s) {
@@ -69,7 +72,7 @@ bool parse(int argc, char** argv, Options& o) {
     if (a == "--help" || a == "-h") {
       std::printf("usage: encore_ab [--batches 1,4,16] [--contexts 1024,4096,16384,32768] [--long 131072 (batch 1; 0: none)]\n"
                   "                 [--steps 10] [--rounds 7] [--out DIR] [--trace] [--gemv-core auto|dp4a|int8|f16]\n"
-                  "                 [--model kimi|kimi-kda] [--blocks-per-sm 1|2] [--chain]\n");
+                  "                 [--model kimi|kimi-kda] [--blocks-per-sm 1|2] [--mla-parts P] [--chain]\n");
       std::exit(0);
     }
     if (a == "--chain") {
@@ -105,6 +108,9 @@ bool parse(int argc, char** argv, Options& o) {
       if (b == "1") o.blocks_per_sm = 1;
       else if (b == "2") o.blocks_per_sm = 2;
       else return false;
+    } else if (a == "--mla-parts") {
+      o.mla_parts = std::atoi(next);
+      if (o.mla_parts < 1) return false;
     } else return false;
     ++i;
   }
@@ -258,6 +264,7 @@ int main(int argc, char** argv) {
     encore::pipeline::BufferOptions bo;
     bo.max_batch = batch, bo.max_slots = batch;
     bo.gemv_core = o.gemv_core;
+    bo.mla_num_parts = o.mla_parts;
     bo.max_pages_per_seq = (max_context + 63) / 64, bo.max_pages = batch * bo.max_pages_per_seq;
     std::unique_ptr<Pipeline> p;
     check(Pipeline::create(config, bo, p), "Pipeline::create");
@@ -329,8 +336,8 @@ int main(int argc, char** argv) {
   const std::string json = o.out + "/ab.json", png = o.out + "/ab.png";
   if (std::system(("mkdir -p '" + o.out + "'").c_str()) != 0) std::fprintf(stderr, "encore_ab: cannot create %s\n", o.out.c_str());
   if (FILE* j = std::fopen(json.c_str(), "w")) {
-    std::fprintf(j, "{\n  \"device\": \"%s\",\n  \"read_GBps\": %.1f,\n  \"model\": \"%s\",\n  \"megakernel_blocks_per_sm\": %d,\n  \"rows\": [\n",
-                 f.name.c_str(), f.read_bw_bytes_per_s * 1e-9, config.name.c_str(), o.blocks_per_sm);
+    std::fprintf(j, "{\n  \"device\": \"%s\",\n  \"read_GBps\": %.1f,\n  \"model\": \"%s\",\n  \"megakernel_blocks_per_sm\": %d,\n  \"mla_parts\": %d,\n  \"rows\": [\n",
+                 f.name.c_str(), f.read_bw_bytes_per_s * 1e-9, config.name.c_str(), o.blocks_per_sm, o.mla_parts);
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::fprintf(j, "    {\"batch\": %d, \"context\": %d, \"graph_us\": %.2f, \"megakernel_us\": %.2f, \"floor_us\": %.2f, "
