@@ -47,4 +47,10 @@ __device__ __forceinline__ T add_acq_rel_gpu(T* p, T v) {
   return old;
 }
 
+// One thread: spins until *p >= count (acquire); a barrier of its block then hands what it saw
+// to the others.
+__device__ __forceinline__ void wait_count_acquire(const int* p, int count) {
+  while (load_acquire_gpu(p) < count) __nanosleep(32);
+}
+
 }  // namespace encore::device

@@ -22,10 +22,7 @@ using encore::device::cp_async_wait;
 // The fused combine's counters (common/counters.cuh).
 using encore::device::add_release_gpu;
 using encore::device::load_acquire_gpu;
-// One thread: spins until *p >= count (acquire); the caller's barrier then hands it to the block.
-__device__ __forceinline__ void wait_count_acquire(const int* p, int count) {
-  while (load_acquire_gpu(p) < count) __nanosleep(32);
-}
+using encore::device::wait_count_acquire;
 
 __device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

@@ -133,11 +133,10 @@ struct DeviceLimits {
 };
 DeviceLimits current_limits() { return {detail::sm_count(), std::size_t(detail::max_shared_memory_per_block())}; }
 
-// Fills shape (k_blocks, tokens, gather set) for `row_groups` items per pass at blocks_per_sm
-// blocks per SM; false if fewer than min_slots fit.
-bool fit_stream(const DeviceLimits& dev, moe::StreamShape& shape, int passes, int row_groups, int min_slots, int blocks_per_sm,
-                int& grid, std::size_t& smem) {
-  const std::int64_t items = std::int64_t(passes) * row_groups;
+// Fills shape (k_blocks, tokens, gather set) for `items` items at blocks_per_sm blocks per SM;
+// false if fewer than min_slots fit.
+bool fit_stream(const DeviceLimits& dev, moe::StreamShape& shape, std::int64_t items, int min_slots, int blocks_per_sm, int& grid,
+                std::size_t& smem) {
   grid = int(std::max<std::int64_t>(1, std::min<std::int64_t>(items, std::int64_t(dev.sms) * blocks_per_sm)));
   shape.slot_blocks = moe::stream_slot_blocks(shape.k_blocks);
   shape.max_items = int((items + grid - 1) / grid);
@@ -162,10 +161,11 @@ bool fit_plan(const DeviceLimits& dev, const MoeExpertsParams& a, int batch, int
   const int list_passes = in_block ? passes : 0, list_entries = in_block ? batch * (a.top_k + a.num_shared) : 0;
   plan.gate_up = {a.hidden / 256, 0, 0, tokens, 0, true, list_passes, list_entries};
   plan.down = {a.inter / 256, 0, 0, tokens, 0, false, list_passes, list_entries};
-  if (!fit_stream(dev, plan.gate_up, passes, moe::gate_up_row_groups(a.inter), min_slots, blocks_per_sm, plan.gate_up_grid,
-                  plan.gate_up_smem) ||
-      !fit_stream(dev, plan.down, passes, moe::down_row_chunks(a.hidden), min_slots, blocks_per_sm, plan.down_grid,
-                  plan.down_smem))
+  plan.down.row_sets = in_block && batch == 1;  // (the kernels' one-token form: down_body)
+  if (!fit_stream(dev, plan.gate_up, std::int64_t(passes) * moe::gate_up_row_groups(a.inter), min_slots, blocks_per_sm,
+                  plan.gate_up_grid, plan.gate_up_smem) ||
+      !fit_stream(dev, plan.down, moe::down_items(passes, a.num_shared, a.hidden, plan.down.row_sets), min_slots, blocks_per_sm,
+                  plan.down_grid, plan.down_smem))
     return false;
   if (in_block)
     for (const moe::StreamShape* shape : {&plan.gate_up, &plan.down})
@@ -508,7 +508,7 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   // The general plan's grids depend on max_batch only, so one capture at max_batch serves any
   // routing; the small-batch plan (in-block lists) is the batch's own.
   if (plan.gate_up.in_block()) {
-    // One token: passes of one entry (the megakernel's one-token bodies, the same sums).
+    // One token: passes of one entry and down's row sets (the megakernel's one-token bodies, the same sums).
     auto small = [&](auto pass) -> Status {
       constexpr int kPass = decltype(pass)::value;
       ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel<kSmallBatchBlocks, true, kPass>, plan.gate_up_grid, plan.gate_up_smem,

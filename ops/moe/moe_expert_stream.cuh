@@ -6,6 +6,10 @@
 //   down item    = (pass, 64 output rows): y[entry][row] = W_down[row] . mid[entry]; the last
 //                  item of a row chunk to finish (an integer counter, counted when the block's
 //                  items are done) runs the ordered combine.
+//   one token's down (row sets): first each shared expert's 64-row chunks, whose y rows are
+//                  counted per chunk; then items of 8 rows of every routed entry (warp w the
+//                  entries w, w + 8, ...), which sum their own rows with the shared experts'
+//                  in list order into x: no y and no combine for the routed entries.
 // Work list: the prepare kernel's, in the workspace (general plan), or, for small batches, one
 // that every stream block builds in its own shared memory from the routing (no prepare kernel in
 // the chain; the gate/up blocks then quantise the batch's activations themselves, once, into a
@@ -92,6 +96,8 @@ struct StreamShape {
   ExpertSet set = ExpertSet::kAll;  // kRouted, kShared: the megakernel's split gate/up (in-block lists)
   int first_fills = 0;  // pieces issued before the first item (0: all `slots`); the ring deepens to
                         // `slots` as items compute (issuing stalls once the copy engine is saturated)
+  bool row_sets = false;  // down at one token (in-block list): shared chunks, then row sets; every
+                          // entry's activations resident (list_entries of them)
 
   __host__ __device__ bool in_block() const { return list_passes > 0; }
   // Gate/up with its own list: the batch's activations quantised once into one resident buffer.
@@ -135,6 +141,8 @@ struct StreamSmem {
   int* last;                  // [max_items] (down) this block combines the item's row chunk
   WorkList list;              // (in_block) num_passes [1], passes, entry_token, entry_weight, token_entries
   float* row_partial;         // [tokens][k_blocks] (resident activations) sums of squares of h
+  char* row_set_act;          // [list_entries][act_token_bytes] (row sets) every entry's activations, by entry
+  float* row_set_part;        // [2][list_entries][kRowSetRows] (row sets) two items' routed rows
   std::size_t bytes;
 
   __host__ __device__ StreamSmem(char* base, const StreamShape& s) {
@@ -154,15 +162,21 @@ struct StreamSmem {
     scratch = a.take<char>(s.gather ? std::size_t(kWarpsPerBlock) * q4k::kActBlockBytes : 0);
     last = a.take<int>(s.gather ? 0 : s.max_items);
     row_partial = a.take<float>(s.resident_act() ? s.tokens * s.k_blocks : 0);
+    row_set_act = a.take<char>(s.row_sets ? std::size_t(s.list_entries) * s.act_token_bytes() : 0, 128);
+    row_set_part = a.take<float>(s.row_sets ? 2 * std::size_t(s.list_entries) * kRowSetRows : 0);
     bytes = a.used();
   }
 };
 
 // The block's view of its stream: shape, matrices and the item count (block-uniform). kInBlock:
-// the block builds its work list (shape.in_block()); kSet: which passes it runs (gate/up only).
-template <int NMAT, bool kInBlock, ExpertSet kSet = ExpertSet::kAll>
+// the block builds its work list (shape.in_block()); kSet: which passes it runs (gate/up only);
+// kRowSets: one token's down (shape.row_sets), where an item is either a shared expert's row chunk
+// {expert, entry, 1, chunk} or a row set {-1, 0, routed entries, set}, and a warp's boxes in a row
+// set are its routed entries' (tasks).
+template <int NMAT, bool kInBlock, ExpertSet kSet = ExpertSet::kAll, bool kRowSets = false>
 struct ExpertStream {
   static_assert(kSet == ExpertSet::kAll || (kInBlock && NMAT == 2), "a split stream is a gate/up stream with its own list");
+  static_assert(!kRowSets || (kInBlock && NMAT == 1), "row sets are one token's down, with the block's own list");
   static constexpr bool kResidentAct = kInBlock && NMAT == 2;
   static constexpr int kRingBarriers = kWarpsPerBlock * kMaxRingSlots, kBarriers = kRingBarriers + kActBuffers;
   static_assert(kBarriers <= kBlockThreads);
@@ -174,11 +188,12 @@ struct ExpertStream {
   const char* act_src;
   std::uint64_t policy;  // evict-first: weights are read once per step
   int num_passes;  // this step's passes (read once, with the item table)
+  int routed_passes = 0;  // (row sets) the first passes, the routed entries: one per pass at one token
   int items;
-  // Per warp (warp-uniform): the next K piece to fill (item, piece of the item) and its buffer,
-  // the pieces filled and not yet computed, and the buffer the warp computes on next with its
-  // phase parity.
-  int fill_item = 0, fill_piece = 0, fill_slot = 0, in_flight = 0;
+  // Per warp (warp-uniform): the next K piece to fill (item, task of the warp in it, piece of the
+  // task's box) and its buffer, the pieces filled and not yet computed, and the buffer the warp
+  // computes on next with its phase parity.
+  int fill_item = 0, fill_task = 0, fill_piece = 0, fill_slot = 0, in_flight = 0;
   int slot = 0;
   std::uint32_t phase = 0;
   std::uint32_t waited_ns = 0;  // (trace mode, thread 0) warp 0's wait for the last item's weights
@@ -222,11 +237,27 @@ struct ExpertStream {
     num_passes = load_list(list.num_passes);
     if (kInBlock && stream_runs<kSet>(sh.set, ExpertSet::kRouted))  // the shared experts' passes are the last ones
       while (num_passes > 0 && list.passes[num_passes - 1].x >= p.num_experts) --num_passes;
-    const int total = num_passes * row_groups, capacity = kInBlock ? shape.list_passes : p.pass_capacity;
-    for (int k = threadIdx.x; k < shape.max_items; k += kBlockThreads) {
-      const int item = first + k * stride;
-      const int4 pass = item / row_groups < capacity ? load_list(list.passes + item / row_groups) : int4{};
-      if (item < total) s.items[k] = make_int4(pass.x, pass.y, pass.z, item % row_groups);
+    int total = num_passes * row_groups;
+    if constexpr (kRowSets) {  // (the block's own list: shared memory)
+      while (routed_passes < num_passes && list.passes[routed_passes].x < p.num_experts) ++routed_passes;
+      const int chunk_items = (num_passes - routed_passes) * row_groups;
+      total = num_passes > 0 ? down_items(0, num_passes - routed_passes, p.hidden, true) : 0;
+      for (int k = threadIdx.x; k < shape.max_items; k += kBlockThreads) {
+        const int item = first + k * stride;
+        if (item >= chunk_items) {
+          if (item < total) s.items[k] = make_int4(-1, 0, routed_passes, item - chunk_items);
+        } else {
+          const int4 pass = list.passes[routed_passes + item / row_groups];
+          s.items[k] = make_int4(pass.x, pass.y, pass.z, item % row_groups);
+        }
+      }
+    } else {
+      const int capacity = kInBlock ? shape.list_passes : p.pass_capacity;
+      for (int k = threadIdx.x; k < shape.max_items; k += kBlockThreads) {
+        const int item = first + k * stride;
+        const int4 pass = item / row_groups < capacity ? load_list(list.passes + item / row_groups) : int4{};
+        if (item < total) s.items[k] = make_int4(pass.x, pass.y, pass.z, item % row_groups);
+      }
     }
     items = total > first ? (total - first + stride - 1) / stride : 0;
     __syncthreads();
@@ -254,29 +285,64 @@ struct ExpertStream {
       if (kResidentAct && !p.h_settled) quantize_rows(p, 0, p.batch, s.act, s.row_partial);
       __syncthreads();
     }
-    if (!kResidentAct && threadIdx.x / 32 == 0)
+    if constexpr (kRowSets) {  // every entry's, once, by entry (a block with no item issues none)
+      if (threadIdx.x / 32 == 0 && items > 0) {
+        const int lane = threadIdx.x % 32, bytes = shape.act_token_bytes();
+        if (lane == 0) device::barrier_arrive_expect(&s.act_full[0], std::uint32_t(num_passes * bytes));
+        __syncwarp();
+        if (lane < num_passes) {
+          const int entry = list.passes[lane].y;
+          device::bulk_copy_to_shared(s.row_set_act + entry * bytes, act_src + std::int64_t(entry) * bytes, bytes, &s.act_full[0],
+                                      evict_last_policy());
+        }
+      }
+    } else if (!kResidentAct && threadIdx.x / 32 == 0) {
       for (int k = 0; k < kActBuffers; ++k) issue_activations(k);
+    }
   }
 
   // Warp-wide: the calling warp's next K piece (fill_item, fill_piece) into its buffer fill_slot.
   // Lane 0 issues one box per matrix: the warp's box_rows() rows of the item's row group, the
   // slot's K blocks.
   __device__ void fill_next() {
+    if constexpr (kRowSets)  // (at an item's start) past the row sets that hold no entry of this warp
+      while (fill_item < items && warp_tasks(s.items[fill_item]) == 0) ++fill_item;
     if (fill_item >= items) return;
     const int to = fill_slot;
     if (++fill_slot == shape.slots) fill_slot = 0;
     ++in_flight;
     const int4 item = s.items[fill_item];
-    const int kb0 = fill_piece * shape.slot_blocks;
-    if (++fill_piece == shape.pieces_per_item()) fill_piece = 0, ++fill_item;
+    const int kb0 = fill_piece * shape.slot_blocks, task = fill_task;
+    if (++fill_piece == shape.pieces_per_item()) {
+      fill_piece = 0;
+      if constexpr (kRowSets) {
+        if (++fill_task == warp_tasks(item)) fill_task = 0, ++fill_item;
+      } else {
+        ++fill_item;
+      }
+    }
     if (threadIdx.x % 32 != 0) return;
     const int warp = threadIdx.x / 32;
     std::uint64_t* bar = &s.full[warp * kMaxRingSlots + to];
     device::barrier_arrive_expect(bar, std::uint32_t(kUnitsPerWarp * shape.pitch()));
-    const int row = item.x * expert_rows + item.w * (kStreamUnits / NMAT) + warp * shape.box_rows();
+    const int row = box_row(item, task);
 #pragma unroll
     for (int m = 0; m < NMAT; ++m)
       device::tma_load_2d(buffer(to) + m * shape.box_stride(), map[m], kb0 * (q4k::kBlockBytes / 4), row, bar, policy);
+  }
+
+  // The calling warp's boxes in `item`: one, or in a row set one per routed entry w, w + 8, ...
+  __device__ int warp_tasks(const int4& item) const {
+    const int warp = threadIdx.x / 32;
+    if (!kRowSets || item.x >= 0) return 1;
+    return item.z > warp ? (item.z - warp + kWarpsPerBlock - 1) / kWarpsPerBlock : 0;
+  }
+  // The routed pass (= entry, at one token) of the calling warp's task in a row set.
+  __device__ int task_pass(int task) const { return threadIdx.x / 32 + task * kWarpsPerBlock; }
+  // The first matrix row of the calling warp's box for its task in `item`.
+  __device__ int box_row(const int4& item, int task) const {
+    if (kRowSets && item.x < 0) return list.passes[task_pass(task)].x * expert_rows + item.w * kRowSetRows;
+    return item.x * expert_rows + item.w * (kStreamUnits / NMAT) + threadIdx.x / 32 * shape.box_rows();
   }
 
   // The calling warp's ring buffer `b`.
@@ -314,20 +380,50 @@ struct ExpertStream {
   // kPass: the most entries a pass holds here (kTokensPerPass, or fewer where the caller knows it).
   template <int kPass, class Wait>
   __device__ int4 compute_item(int k, float (&acc)[kPass], Wait& wait) {
+    const int b = k % kActBuffers;
+    if constexpr (kRowSets) device::barrier_wait(&s.act_full[0], 0u);
+    else if constexpr (!kResidentAct) device::barrier_wait(&s.act_full[b], (k / kActBuffers) & 1u);
+    const int4 item = s.items[k];
+    // Entry t's activations: the item's t-th, or (resident) its token's row; the row and the
+    // stride read per use: no registers.
+    const char* act = kRowSets ? s.row_set_act + item.y * shape.act_token_bytes() : kResidentAct ? s.act : act_buffer(b);
+    const int* act_row = s.tokens + k * shape.tokens;
+    if constexpr (device::Marks<Wait>) waited_ns = 0;
+    dot_box(acc, item.z, act, act_row, k, item.x, true, wait);
+    return item;
+  }
+
+  // Row set k (row sets): each of the warp's tasks, its routed entry's kRowSetRows rows, into
+  // part[pass][row] (the block barrier that follows hands them to the summing threads).
+  template <class Wait>
+  __device__ void compute_row_set(int k, float* part, Wait& wait) {
+    device::barrier_wait(&s.act_full[0], 0u);  // (every warp: no copy outlives the body)
+    const int4 item = s.items[k];
+    const int tasks = warp_tasks(item), bytes = shape.act_token_bytes();
+    if constexpr (device::Marks<Wait>) waited_ns = 0;
+    for (int task = 0; task < tasks; ++task) {
+      const int pass = task_pass(task);
+      const char* act = s.row_set_act + list.passes[pass].y * bytes;
+      float acc[1];
+      dot_box(acc, 1, act, nullptr, k, list.passes[pass].x, task == 0, wait);
+      if (threadIdx.x % 4 == 0) part[pass * kRowSetRows + threadIdx.x % 32 / 4] = acc[0];
+    }
+  }
+
+  // The calling warp's next box, one ring piece after another: acc[t] = its group's row . entry t's
+  // activations (at act + t strides, or resident: at act + act_row[t] strides) for t < count (the
+  // group's four lanes summed by a fixed butterfly), in K order. Refills each buffer it frees.
+  // `marked`: trace the box's first weights as item k's.
+  template <int kPass, class Wait>
+  __device__ __forceinline__ void dot_box(float (&acc)[kPass], int count, const char* act, const int* act_row, int k, int expert,
+                                          bool marked, Wait& wait) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, quad = lane % 4, group = lane / 4;
     // Group g holds unit (matrix g % NMAT, row g / NMAT of the warp's box).
     const int row_offset = (group % NMAT) * shape.box_stride() + (group / NMAT) * shape.pitch();
     const int spi = shape.pieces_per_item();
-    const int b = k % kActBuffers;
-    if constexpr (!kResidentAct) device::barrier_wait(&s.act_full[b], (k / kActBuffers) & 1u);
-    const int4 item = s.items[k];
-    const int count = item.z;
-    const char* act = kResidentAct ? s.act : act_buffer(b);
-    const int* act_row = s.tokens + k * shape.tokens;  // (resident) entry t's token row, read per use: no registers
     const q4k::PairUnpack unpack = q4k::pair_unpack(quad);
 #pragma unroll
     for (int t = 0; t < kPass; ++t) acc[t] = 0.f;
-    if constexpr (device::Marks<Wait>) waited_ns = 0;
     for (int st = 0; st < spi; ++st) {
       if constexpr (device::Marks<Wait>) {
         const bool timed = device::marking(wait);
@@ -335,7 +431,7 @@ struct ExpertStream {
         device::barrier_wait(&s.full[warp * kMaxRingSlots + slot], phase);
         if (timed) {
           waited_ns += std::uint32_t(device::global_ns() - before);
-          if (st == 0) device::mark(wait, device::Mark::kItemWeights, k, std::uint32_t(item.x));
+          if (st == 0 && marked) device::mark(wait, device::Mark::kItemWeights, k, std::uint32_t(expert));
         }
       } else {
         device::barrier_wait(&s.full[warp * kMaxRingSlots + slot], phase);
@@ -364,7 +460,6 @@ struct ExpertStream {
       acc[t] += __shfl_xor_sync(0xFFFFFFFFu, acc[t], 1);
       acc[t] += __shfl_xor_sync(0xFFFFFFFFu, acc[t], 2);
     }
-    return item;
   }
 
   // After the block barrier that ends item k: warp 0 refills its activation buffer with item
@@ -448,11 +543,64 @@ __device__ inline void gate_up_body(const ExpertsTileParams& p, const StreamShap
 
 // ---- down + combine -----------------------------------------------------------------------------
 
-// The work list is settled on entry (the gate/up kernel's own wait covered its writer), so the
-// weights start streaming before the wait for act_mid.
-template <bool kInBlock, int kPass = kTokensPerPass, class Range, class Wait>
-__device__ inline void down_body(const ExpertsTileParams& p, const StreamShape& shape, const StreamMaps& maps, const Range& r,
-                                 char* smem, Wait& wait) {
+// One token's down (row sets, docs/moe.md §6). A shared expert's chunk item stores its y rows and
+// counts the chunk (release); a row set sums, in each of its rows, the routed entries' terms from
+// its own warps and then the shared experts' y (after the chunk's count, acquire) in the token's
+// list order, and adds the sum to x: the combine's arithmetic, so the same bits as the general
+// form. Chunk items are the lowest items, a block's first: a row set waits only for items that
+// wait for nothing of this body, all resident (the megakernel's blocks, or the kernel's after its
+// PDL wait).
+template <class Range, class Wait>
+__device__ inline void down_row_sets_body(const ExpertsTileParams& p, const StreamShape& shape, const StreamMaps& maps,
+                                          const Range& r, char* smem, Wait& wait) {
+  ExpertStream<1, true, ExpertSet::kAll, true> stream(p, shape, maps, smem, down_row_chunks(p.hidden), r.first(), r.stride(), wait);
+  wait();  // act_mid comes from gate/up
+  stream.start_activations(p);
+  device::mark(wait, device::Mark::kStreamReady, -1);
+  const int shared_passes = stream.num_passes - stream.routed_passes;
+  for (int k = 0; k < stream.items; ++k) {
+    device::mark(wait, device::Mark::kItemBegin, k);
+    const int4 item = stream.s.items[k];
+    if (item.x >= 0) {  // (block-uniform) a shared expert's chunk
+      float acc[1];
+      stream.compute_item(k, acc, wait);
+      device::mark(wait, device::Mark::kItemComputed, k);
+      if (threadIdx.x % 4 == 0) p.y[item.y * std::int64_t(p.hidden) + item.w * kDownRows + threadIdx.x / 4] = acc[0];
+      __syncthreads();
+      if (threadIdx.x == 0) device::add_release_gpu(p.chunk_done + item.w, 1);
+    } else {
+      float* part = stream.s.row_set_part + (k % 2) * shape.list_entries * kRowSetRows;  // two items': one barrier per item
+      stream.compute_row_set(k, part, wait);
+      device::mark(wait, device::Mark::kItemComputed, k);
+      __syncthreads();
+      if (threadIdx.x < kRowSetRows) {
+        const int row = item.w * kRowSetRows + threadIdx.x;
+        float out = p.x[row];
+        if (shared_passes > 0) device::wait_count_acquire(p.chunk_done + row / kDownRows, shared_passes);
+        float sum = 0.f;
+        for (int j = 0; j < stream.num_passes; ++j) {  // the token's list order: ascending expert, shared last
+          const int entry = stream.list.passes[j].y;
+          const float y = j < item.z ? part[j * kRowSetRows + threadIdx.x] : __ldcg(p.y + entry * std::int64_t(p.hidden) + row);
+          sum += stream.list.entry_weight[entry] * y;
+        }
+        out += sum;
+        p.x[row] = out;
+      }
+    }
+    device::mark(wait, device::Mark::kItemEnd, k, stream.waited_ns);
+  }
+  if constexpr (Wait::kSharedMemoryReused) {
+    __syncthreads();
+    stream.invalidate_barriers();
+  }
+}
+
+// Down items of whole row chunks per pass, and the combine (any batch). The work list is settled
+// on entry (the gate/up kernel's own wait covered its writer), so the weights start streaming
+// before the wait for act_mid.
+template <bool kInBlock, int kPass, class Range, class Wait>
+__device__ inline void down_chunks_body(const ExpertsTileParams& p, const StreamShape& shape, const StreamMaps& maps, const Range& r,
+                                        char* smem, Wait& wait) {
   ExpertStream<1, kInBlock> stream(p, shape, maps, smem, down_row_chunks(p.hidden), r.first(), r.stride(), wait);
   wait();  // act_mid comes from the gate/up kernel
   stream.start_activations(p);
@@ -500,6 +648,17 @@ __device__ inline void down_body(const ExpertsTileParams& p, const StreamShape& 
     for (int c = threadIdx.x; c < count; c += kBlockThreads) p.chunk_done[chunks[1 + c]] = 0;  // ready for the next step
   }
   if constexpr (Wait::kSharedMemoryReused) stream.invalidate_barriers();  // (all waits ended before the barrier above)
+}
+
+// The down stage's body: one token with the block's own list (kPass 1) runs row sets
+// (shape.row_sets, planned so); any other batch whole chunks and the combine.
+template <bool kInBlock, int kPass = kTokensPerPass, class Range, class Wait>
+__device__ inline void down_body(const ExpertsTileParams& p, const StreamShape& shape, const StreamMaps& maps, const Range& r,
+                                 char* smem, Wait& wait) {
+  if constexpr (kInBlock && kPass == 1)
+    down_row_sets_body(p, shape, maps, r, smem, wait);
+  else
+    down_chunks_body<kInBlock, kPass>(p, shape, maps, r, smem, wait);
 }
 
 }  // namespace encore::moe

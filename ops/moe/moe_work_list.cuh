@@ -33,6 +33,7 @@ namespace encore::moe {
 inline constexpr int kTokensPerPass = 8;     // most entries of one expert computed together (one per warp in the epilogue)
 inline constexpr int kGateUpRows = 32;       // rows of gate and of up per item: one 32-value sub-block of the down input
 inline constexpr int kDownRows = 64;         // output rows per down item (and per combine chunk)
+inline constexpr int kRowSetRows = 8;        // one token's down: output rows per row-set item (moe_expert_stream.cuh)
 inline constexpr int kMaxPlanExperts = ops::kMaxMoeExperts + ops::kMaxMoeShared;
 inline constexpr int kPlanScanItems = (kMaxPlanExperts + kBlockThreads - 1) / kBlockThreads;
 
@@ -88,6 +89,11 @@ __device__ __forceinline__ T load_list(const T* at) {
 __host__ __device__ inline int prepare_tiles(int max_batch) { return 1 + max_batch; }
 __host__ __device__ inline int gate_up_row_groups(int inter) { return inter / kGateUpRows; }
 __host__ __device__ inline int down_row_chunks(int hidden) { return hidden / kDownRows; }
+// Down items: each pass's row chunks, or at one token (row sets) the shared experts' row chunks and
+// then the row sets, each kRowSetRows rows of every routed entry.
+__host__ __device__ inline int down_items(int passes, int num_shared, int hidden, bool row_sets) {
+  return row_sets ? num_shared * down_row_chunks(hidden) + hidden / kRowSetRows : passes * down_row_chunks(hidden);
+}
 // Passes of a work list: each active expert's n entries in ceil(n / tokens_per_pass) runs, at most
 // 1 + (n - 1) / tokens_per_pass, so all of them at most active + (entries - active) / tokens_per_pass.
 __host__ __device__ inline int max_passes(int max_batch, int num_experts, int num_shared, int top_k, int tokens_per_pass) {

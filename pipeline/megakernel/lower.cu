@@ -366,7 +366,8 @@ class Lowering {
       l.info.accesses = {ids, weights, list, chunks, flag};
     }
     const int passes = moe::max_passes(m.batch, m.num_experts, m.num_shared, m.top_k, e.tokens_per_pass);
-    const int down_lanes = std::min(out_.grid, passes * moe::down_row_chunks(m.hidden));
+    const int down_items = moe::down_items(passes, m.num_shared, m.hidden, plan.down.row_sets);
+    const int down_lanes = std::min(out_.grid, down_items);
     const int slot = take_map_slots(4, [m, plan](CUtensorMap* maps) {
       return moe::encode_experts_maps(m, plan, reinterpret_cast<moe::StreamMaps*>(maps), reinterpret_cast<moe::StreamMaps*>(maps + 2));
     });
@@ -409,7 +410,7 @@ class Lowering {
     // passes, the batch-1 count). gate/up's are the last blocks to reach down (which waits for all
     // of gate/up) and start its ring late, so they take down's highest lanes, the light ones.
     const int heavy_gate_up = gate_up_items % gate_up_lanes;
-    const int heavy_down = passes * moe::down_row_chunks(m.hidden) % down_lanes;
+    const int heavy_down = down_items % down_lanes;
     if (down_lanes == out_.grid && heavy_gate_up > 0 && heavy_down > 0) d.lane0_after_previous = heavy_gate_up;
     if (down_lanes == out_.grid) d.first_light_lane = heavy_down;
     if (in_block)  // its list, from the routing, before its ring starts

@@ -593,6 +593,21 @@ TEST(MoeExpertsGpu, SmallE8K2MatchesReference) {
   for (int batch : {1, 9}) check_against_reference(wider, batch, true);
 }
 
+// One token's down runs row sets (8 rows of every routed entry an item, summed in list order with
+// the shared experts' rows): the general form's bits and the reference, for entries that give a
+// warp two boxes (top-12, two shared experts) or leave warps idle (top-3, no shared expert).
+TEST(MoeExpertsGpu, OneTokenRowSetsGiveTheGeneralFormsBits) {
+  ENCORE_REQUIRE_GPU();
+  const auto seed = test::fresh_seed();
+  SCOPED_TRACE(seed);
+  ExpertModel twelve({32, 2, 12, 1024, 512}, seed);
+  check_against_reference(twelve, 1, true);
+  check_batch_invariance(twelve, 16, {0, 7, 15});
+  ExpertModel three({16, 0, 3, 512, 256}, seed + 1);
+  check_against_reference(three, 1, true);
+  check_batch_invariance(three, 9, {0, 8});
+}
+
 // Pad rows (slot_ids < 0, ids -1 as the router writes them): no work, x untouched bitwise, no
 // error flag; the real tokens match the reference and their results alone.
 TEST(MoeExpertsGpu, SmallPadRowsProduceNoWork) {

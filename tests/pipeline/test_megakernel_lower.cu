@@ -310,8 +310,10 @@ TEST(MegakernelLower, SharedExpertsRunBesideTheRoutingAndTheTopkBlockSkipsGateUp
       }
       // down's heavy lanes (one item more) finish last: the next layer's first instruction starts
       // on its first light lane, so an in-projection's second tiles go to the blocks free first.
-      const int heavy_down = moe::max_passes(op.p.batch, op.p.num_experts, op.p.num_shared, op.p.top_k, op.p.tokens_per_pass) *
-                             moe::down_row_chunks(op.p.hidden) % p.grid;
+      const moe::StreamShape& down = p.instructions[i + 1].params.moe_stream.shape;
+      EXPECT_EQ(down.row_sets, batch == 1) << "one token's down runs row sets";
+      const int heavy_down = moe::down_items(moe::max_passes(op.p.batch, op.p.num_experts, op.p.num_shared, op.p.top_k, op.p.tokens_per_pass),
+                                             op.p.num_shared, op.p.hidden, down.row_sets) % p.grid;
       // (A KDA in-projection at one token starts on the partition's first block instead.)
       if (i + 2 < count && heavy_down > 0 && !(batch == 1 && p.info[i + 2].name.ends_with("kda.in_proj")))
         EXPECT_EQ(block_of_lane(i + 2, 0), block_of_lane(i + 1, heavy_down)) << p.info[i + 2].name;
