@@ -152,16 +152,17 @@ bool fit_stream(const DeviceLimits& dev, moe::StreamShape& shape, std::int64_t i
 }
 
 // Both streams for `tokens` entries per pass over the passes of `batch` tokens; in_block: each
-// block holds a list of `batch` tokens' entries and builds it in its ring.
+// block holds a list of `batch` tokens' entries and builds it in its ring; row_sets: down at one
+// token in row sets (in-block lists only).
 bool fit_plan(const DeviceLimits& dev, const MoeExpertsParams& a, int batch, int tokens, int blocks_per_sm, int min_slots,
-              bool in_block, StreamPlan& plan) {
+              bool in_block, bool row_sets, StreamPlan& plan) {
   const int passes = moe::max_passes(batch, a.num_experts, a.num_shared, a.top_k, tokens);
   plan.tokens = tokens;
   plan.blocks_per_sm = blocks_per_sm;
   const int list_passes = in_block ? passes : 0, list_entries = in_block ? batch * (a.top_k + a.num_shared) : 0;
   plan.gate_up = {a.hidden / 256, 0, 0, tokens, 0, true, list_passes, list_entries};
   plan.down = {a.inter / 256, 0, 0, tokens, 0, false, list_passes, list_entries};
-  plan.down.row_sets = in_block && batch == 1;  // (the kernels' one-token form: down_body)
+  plan.down.row_sets = row_sets && in_block && batch == 1;
   if (!fit_stream(dev, plan.gate_up, std::int64_t(passes) * moe::gate_up_row_groups(a.inter), min_slots, blocks_per_sm,
                   plan.gate_up_grid, plan.gate_up_smem) ||
       !fit_stream(dev, plan.down, moe::down_items(passes, a.num_shared, a.hidden, plan.down.row_sets), min_slots, blocks_per_sm,
@@ -180,11 +181,11 @@ Status plan_streams(const DeviceLimits& dev, const MoeExpertsParams& a, StreamPl
   // Passes as wide as the batch: one per used expert.
   const std::int64_t small_items = std::int64_t(std::min(a.num_experts, a.batch * a.top_k) + a.num_shared) * moe::gate_up_row_groups(a.inter);
   if (a.batch <= moe::kTokensPerPass && small_items <= std::int64_t(dev.sms) * kSmallBatchBlocks &&
-      fit_plan(dev, a, a.batch, a.batch, kSmallBatchBlocks, kMinSlots, true, plan))
+      fit_plan(dev, a, a.batch, a.batch, kSmallBatchBlocks, kMinSlots, true, true, plan))  // (one token: row sets, down_body)
     return {};
   for (int min_slots : {kWantSlots, kMinSlots})
     for (int tokens = std::min(moe::kTokensPerPass, a.max_batch); tokens >= 1; --tokens)
-      if (fit_plan(dev, a, a.max_batch, tokens, moe::kStreamBlocksPerSm, min_slots, false, plan)) return {};
+      if (fit_plan(dev, a, a.max_batch, tokens, moe::kStreamBlocksPerSm, min_slots, false, false, plan)) return {};
   return Status(StatusCode::kUnsupported, detail::concat("moe_experts: hidden = ", a.hidden, ", inter = ", a.inter,
                                                          ": the expert streams do not fit in shared memory"));
 }
@@ -508,7 +509,7 @@ Status moe_experts(const MoeExpertsParams& a, cudaStream_t stream) {
   // The general plan's grids depend on max_batch only, so one capture at max_batch serves any
   // routing; the small-batch plan (in-block lists) is the batch's own.
   if (plan.gate_up.in_block()) {
-    // One token: passes of one entry and down's row sets (the megakernel's one-token bodies, the same sums).
+    // One token: passes of one entry (as the megakernel's one-token tier) and down in row sets; the same sums.
     auto small = [&](auto pass) -> Status {
       constexpr int kPass = decltype(pass)::value;
       ENCORE_RETURN_IF_ERROR(detail::launch(moe_gate_up_kernel<kSmallBatchBlocks, true, kPass>, plan.gate_up_grid, plan.gate_up_smem,
@@ -549,7 +550,7 @@ Status plan_experts_for_grid(const ops::MoeExpertsParams& a, int blocks, std::si
   ops::StreamPlan plan;
   for (int min_slots : {ops::kWantSlots, ops::kMinSlots})
     for (int tokens = widest; tokens >= narrowest; --tokens)
-      if (ops::fit_plan(grid, a, a.batch, tokens, 1, min_slots, in_block, plan)) {
+      if (ops::fit_plan(grid, a, a.batch, tokens, 1, min_slots, in_block, false, plan)) {
         *out = {ops::experts_tile_params(a, plan.tokens), plan.gate_up, plan.down, plan.gate_up_smem, plan.down_smem};
         return {};
       }

@@ -650,8 +650,9 @@ __device__ inline void down_chunks_body(const ExpertsTileParams& p, const Stream
   if constexpr (Wait::kSharedMemoryReused) stream.invalidate_barriers();  // (all waits ended before the barrier above)
 }
 
-// The down stage's body: one token with the block's own list (kPass 1) runs row sets
-// (shape.row_sets, planned so); any other batch whole chunks and the combine.
+// The standalone down kernel's body: one token with the block's own list (kPass 1) runs row sets
+// (shape.row_sets, planned so); any other batch whole chunks and the combine. (The megakernel runs
+// whole chunks at every batch: moe_plan.h.)
 template <bool kInBlock, int kPass = kTokensPerPass, class Range, class Wait>
 __device__ inline void down_body(const ExpertsTileParams& p, const StreamShape& shape, const StreamMaps& maps, const Range& r,
                                  char* smem, Wait& wait) {

@@ -33,6 +33,8 @@ struct ExpertsPlan {
 // Streams of `blocks` blocks with `smem_per_block` bytes each, sized for p.batch tokens. in_block
 // (p.batch <= kTokensPerPass): every stream block builds the work list itself, passes as wide as
 // the batch, and the gate/up blocks quantise the whole batch's input once (the small-batch plan).
+// Down runs whole row chunks at every batch (down_chunks_body): at one token its row sets measured
+// slower in the megakernel (docs/moe.md §6).
 Status plan_experts_for_grid(const ops::MoeExpertsParams& p, int blocks, std::size_t smem_per_block, bool in_block, ExpertsPlan* out);
 // The streams' tensor maps (host, through the driver).
 Status encode_experts_maps(const ops::MoeExpertsParams& p, const ExpertsPlan& plan, StreamMaps* gate_up, StreamMaps* down);

@@ -268,10 +268,11 @@ __device__ __noinline__ void run_op(int slot, const TileRange r, CounterWait& wa
   } else if constexpr (kOp == Opcode::kMoeDown) {
     const ExpertsOp& op = ins.params.moe_stream;
     constexpr int kPass = expert_pass_entries(NTOK);
+    // (whole row chunks at every batch, as planned: moe_plan.h)
     if (op.shape.in_block())
-      moe::down_body<true, kPass>(op.p, op.shape, *op.maps, r, smem, wait);
+      moe::down_chunks_body<true, kPass>(op.p, op.shape, *op.maps, r, smem, wait);
     else
-      moe::down_body<false, kPass>(op.p, op.shape, *op.maps, r, smem, wait);
+      moe::down_chunks_body<false, kPass>(op.p, op.shape, *op.maps, r, smem, wait);
   }
 }
 
