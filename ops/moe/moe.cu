@@ -457,7 +457,8 @@ Status moe_experts_plan(const MoeExpertsParams& a, MoeExpertsPlan* out, int sm_c
   const DeviceLimits dev = sm_count > 0 ? DeviceLimits{sm_count, smem_per_block} : current_limits();
   StreamPlan plan;
   ENCORE_RETURN_IF_ERROR(plan_streams(dev, a, plan));
-  *out = {plan.gate_up.in_block(), plan.blocks_per_sm, plan.gate_up_grid, plan.down_grid, plan.tokens, plan.gate_up.slots, plan.down.slots};
+  *out = {plan.gate_up.in_block(), plan.blocks_per_sm, plan.gate_up_grid, plan.down_grid, plan.tokens, plan.gate_up.slots, plan.down.slots,
+          plan.down.row_sets};
   return {};
 }
 

@@ -374,9 +374,9 @@ TEST(MoeExpertsPlan, InBlockListOnlyWhereEveryGateUpBlockGetsOneItem) {
     return out;
   };
   // Kimi-Linear (256 + 1 experts, top-8, 2304 x 1024): at B = 1, 9 passes x 32 row groups = 288
-  // gate/up items and 9 x 36 row chunks = 324 down items, one per block at 3 blocks per SM (the
-  // down ring one slot deep: a block has one slot of work); from B = 2 the passes no longer fit
-  // one item per block.
+  // gate/up items and 36 shared row chunks + 2304 / 8 row sets = 324 down items, one per block at
+  // 3 blocks per SM (the down ring one slot deep: a block has one slot of work); from B = 2 the
+  // passes no longer fit one item per block.
   const ops::MoeExpertsPlan kimi = plan(256, 1, 8, 2304, 1024, 1);
   EXPECT_TRUE(kimi.in_block_list);
   EXPECT_EQ(kimi.blocks_per_sm, 3);
@@ -385,10 +385,12 @@ TEST(MoeExpertsPlan, InBlockListOnlyWhereEveryGateUpBlockGetsOneItem) {
   EXPECT_EQ(kimi.down_grid, 324);
   EXPECT_EQ(kimi.gate_up_slots, 2);
   EXPECT_EQ(kimi.down_slots, 1);
+  EXPECT_TRUE(kimi.down_row_sets);
   for (const int batch : {2, 4, 8, 32, 64}) {
     SCOPED_TRACE(batch);
     const ops::MoeExpertsPlan general = plan(256, 1, 8, 2304, 1024, batch);
     EXPECT_FALSE(general.in_block_list);
+    EXPECT_FALSE(general.down_row_sets);
     EXPECT_EQ(general.blocks_per_sm, 2);
     EXPECT_EQ(general.gate_up_grid, 2 * kSms);
   }
@@ -396,6 +398,8 @@ TEST(MoeExpertsPlan, InBlockListOnlyWhereEveryGateUpBlockGetsOneItem) {
   EXPECT_FALSE(plan(128, 0, 8, 2048, 768, 1).in_block_list);
   // The GPU tests' small model (8 + 1 experts, top-2, 512 x 256).
   for (const int batch : {1, 4, 8}) EXPECT_TRUE(plan(8, 1, 2, 512, 256, batch).in_block_list) << batch;
+  EXPECT_EQ(plan(8, 1, 2, 512, 256, 1).down_row_sets, true);  // one token only
+  EXPECT_EQ(plan(8, 1, 2, 512, 256, 2).down_row_sets, false);
   EXPECT_FALSE(plan(8, 1, 2, 512, 256, 9).in_block_list);  // more tokens than one pass holds
 
   // Without limits: the current device (an H200's facts where there is none).

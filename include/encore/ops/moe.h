@@ -158,6 +158,7 @@ struct MoeExpertsPlan {
   int gate_up_grid = 0, down_grid = 0;
   int tokens_per_pass = 0;
   int gate_up_slots = 0, down_slots = 0;  // ring buffers per warp
+  bool down_row_sets = false;  // one token: down in row sets, each summed into x in-block (no combine counter)
 };
 Status moe_experts_plan(const MoeExpertsParams& p, MoeExpertsPlan* plan, int sm_count = 0, std::size_t smem_per_block = 0);
 // The launcher's argument checks alone, without a device or a launch.
