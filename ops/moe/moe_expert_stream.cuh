@@ -6,10 +6,10 @@
 //   down item    = (pass, 64 output rows): y[entry][row] = W_down[row] . mid[entry]; the last
 //                  item of a row chunk to finish (an integer counter, counted when the block's
 //                  items are done) runs the ordered combine.
-//   one token's down (row sets): first each shared expert's 64-row chunks, whose y rows are
-//                  counted per chunk; then items of 8 rows of every routed entry (warp w the
-//                  entries w, w + 8, ...), which sum their own rows with the shared experts'
-//                  in list order into x: no y and no combine for the routed entries.
+//   one token's down (row sets, the down kernel's): first each shared expert's 64-row chunks,
+//                  whose y rows are counted per chunk; then items of 8 rows of every routed
+//                  entry (warp w the entries w, w + 8, ...), which sum their own rows with the
+//                  shared experts' in list order into x: no y and no combine for the routed entries.
 // Work list: the prepare kernel's, in the workspace (general plan), or, for small batches, one
 // that every stream block builds in its own shared memory from the routing (no prepare kernel in
 // the chain; the gate/up blocks then quantise the batch's activations themselves, once, into a
@@ -548,8 +548,8 @@ __device__ inline void gate_up_body(const ExpertsTileParams& p, const StreamShap
 // its own warps and then the shared experts' y (after the chunk's count, acquire) in the token's
 // list order, and adds the sum to x: the combine's arithmetic, so the same bits as the general
 // form. Chunk items are the lowest items, a block's first: a row set waits only for items that
-// wait for nothing of this body, all resident (the megakernel's blocks, or the kernel's after its
-// PDL wait).
+// wait for nothing of this body, all resident (the kernel's blocks after its PDL wait; the
+// megakernel's, which could run it but keeps whole chunks: moe_plan.h).
 template <class Range, class Wait>
 __device__ inline void down_row_sets_body(const ExpertsTileParams& p, const StreamShape& shape, const StreamMaps& maps,
                                           const Range& r, char* smem, Wait& wait) {
