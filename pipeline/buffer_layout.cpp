@@ -70,6 +70,8 @@ Status validate(const BufferOptions& o) {
   ENCORE_REQUIRE(o.mla_num_parts >= 1 && o.mla_num_parts <= 4096, StatusCode::kInvalidArgument,
                  "buffers: mla_num_parts must be in [1, 4096] (ops::mla_num_parts(heads) on the target device; got ",
                  o.mla_num_parts, ")");
+  ENCORE_REQUIRE(o.mla_min_part_units >= 1 && o.mla_min_part_units <= (1 << 16), StatusCode::kInvalidArgument,
+                 "buffers: mla_min_part_units must be in [1, 2^16] (got ", o.mla_min_part_units, ")");
   ENCORE_REQUIRE(o.gemv_core == ops::GemvCore::kAuto || o.gemv_core == ops::GemvCore::kDp4a || o.gemv_core == ops::GemvCore::kMma ||
                      o.gemv_core == ops::GemvCore::kMmaF16,
                  StatusCode::kInvalidArgument, "buffers: gemv_core must be kAuto, kDp4a, kMma or kMmaF16 (got ", int(o.gemv_core), ")");

@@ -151,7 +151,7 @@ class Builder {
   void mla_sched(int l) {
     ops::MlaSchedParams& p = push(StageKind::kMlaSched, StageRole::kMlaSched, -1, &StageParams::mla_sched, true);
     p.seq_lens = buffer<std::int32_t>("step.seq_lens"), p.positions = buffer<std::int32_t>("step.positions");
-    p.cache = cache(l), p.batch = B_, p.num_parts = o_.mla_num_parts;
+    p.cache = cache(l), p.batch = B_, p.num_parts = o_.mla_num_parts, p.min_part_units = o_.mla_min_part_units;
     p.part_plans = buffer<ops::MlaPartPlan>("mla.part_plans"), p.num_splits = buffer<std::int32_t>("mla.num_splits");
     p.error_flag = buffer<std::int32_t>("flags.mla");
   }

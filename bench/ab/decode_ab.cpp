@@ -8,7 +8,8 @@
 //
 //   encore_ab [--batches 1,4,16] [--contexts 1024,4096,16384,32768] [--long 131072]
 //             [--steps 10] [--rounds 7] [--out DIR] [--trace] [--gemv-core auto|dp4a|int8|f16]
-//             [--model kimi|kimi-kda] [--blocks-per-sm 1|2] [--mla-parts P] [--chain]
+//             [--model kimi|kimi-kda] [--blocks-per-sm 1|2] [--mla-parts P]
+//             [--mla-min-units M] [--chain]
 // --chain also times, against the megakernel in the same rounds, its chain alone: the same program
 // with every body skipped (MegakernelOptions::chain_only), the waits and signals with no bytes.
 // kimi-kda is the preset with every MLA layer made a KDA layer. --blocks-per-sm 2 runs the
@@ -16,6 +17,8 @@
 // refuses (from 3: the dense down projection's plan needs more than half an SM) are skipped.
 // --mla-parts sets the MLA split plan's parts P for both paths (docs/mla.md §7; default: one per
 // SM at up to 32 heads): fewer parts give fewer, longer splits, fewer partials to store and merge.
+// --mla-min-units sets the fewest tape units a part takes (ops::MlaSchedParams::min_part_units): the
+// same for short steps only.
 // Without a CUDA device it says so and exits with status 1.
 #include <algorithm>
 #include <cstdio>
@@ -55,6 +58,7 @@ struct Options {
   int blocks_per_sm = 1;     // the megakernel's resident blocks per SM
   bool chain = false;        // also time the megakernel's chain alone (bodies skipped)
   int mla_parts = 0;         // the MLA split plan's parts (0: the device's default)
+  int mla_min_units = 1;     // the fewest tape units an MLA part takes
 };
 
 std::vector<int> parse_list(const char* s) {
@@ -72,7 +76,7 @@ bool parse(int argc, char** argv, Options& o) {
     if (a == "--help" || a == "-h") {
       std::printf("usage: encore_ab [--batches 1,4,16] [--contexts 1024,4096,16384,32768] [--long 131072 (batch 1; 0: none)]\n"
                   "                 [--steps 10] [--rounds 7] [--out DIR] [--trace] [--gemv-core auto|dp4a|int8|f16]\n"
-                  "                 [--model kimi|kimi-kda] [--blocks-per-sm 1|2] [--mla-parts P] [--chain]\n");
+                  "                 [--model kimi|kimi-kda] [--blocks-per-sm 1|2] [--mla-parts P] [--mla-min-units M] [--chain]\n");
       std::exit(0);
     }
     if (a == "--chain") {
@@ -111,6 +115,9 @@ bool parse(int argc, char** argv, Options& o) {
     } else if (a == "--mla-parts") {
       o.mla_parts = std::atoi(next);
       if (o.mla_parts < 1) return false;
+    } else if (a == "--mla-min-units") {
+      o.mla_min_units = std::atoi(next);
+      if (o.mla_min_units < 1) return false;
     } else return false;
     ++i;
   }
@@ -265,6 +272,7 @@ int main(int argc, char** argv) {
     bo.max_batch = batch, bo.max_slots = batch;
     bo.gemv_core = o.gemv_core;
     bo.mla_num_parts = o.mla_parts;
+    bo.mla_min_part_units = o.mla_min_units;
     bo.max_pages_per_seq = (max_context + 63) / 64, bo.max_pages = batch * bo.max_pages_per_seq;
     std::unique_ptr<Pipeline> p;
     check(Pipeline::create(config, bo, p), "Pipeline::create");
@@ -336,8 +344,8 @@ int main(int argc, char** argv) {
   const std::string json = o.out + "/ab.json", png = o.out + "/ab.png";
   if (std::system(("mkdir -p '" + o.out + "'").c_str()) != 0) std::fprintf(stderr, "encore_ab: cannot create %s\n", o.out.c_str());
   if (FILE* j = std::fopen(json.c_str(), "w")) {
-    std::fprintf(j, "{\n  \"device\": \"%s\",\n  \"read_GBps\": %.1f,\n  \"model\": \"%s\",\n  \"megakernel_blocks_per_sm\": %d,\n  \"mla_parts\": %d,\n  \"rows\": [\n",
-                 f.name.c_str(), f.read_bw_bytes_per_s * 1e-9, config.name.c_str(), o.blocks_per_sm, o.mla_parts);
+    std::fprintf(j, "{\n  \"device\": \"%s\",\n  \"read_GBps\": %.1f,\n  \"model\": \"%s\",\n  \"megakernel_blocks_per_sm\": %d,\n  \"mla_parts\": %d,\n  \"mla_min_units\": %d,\n  \"rows\": [\n",
+                 f.name.c_str(), f.read_bw_bytes_per_s * 1e-9, config.name.c_str(), o.blocks_per_sm, o.mla_parts, o.mla_min_units);
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::fprintf(j, "    {\"batch\": %d, \"context\": %d, \"graph_us\": %.2f, \"megakernel_us\": %.2f, \"floor_us\": %.2f, "

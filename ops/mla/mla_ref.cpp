@@ -14,7 +14,7 @@ using namespace encore::ops;
 
 // Page by page (deliberately not the kernel's closed form): page j of request b sits at tape
 // position start_b + C + j and belongs to part position / U (mla_plan.h).
-MlaSchedule mla_sched(const std::vector<std::int32_t>& seq_lens, int num_parts, int fixed_overhead) {
+MlaSchedule mla_sched(const std::vector<std::int32_t>& seq_lens, int num_parts, int fixed_overhead, int min_part_units) {
   const int n = int(seq_lens.size());
   MlaSchedule s;
   s.parts.assign(std::size_t(num_parts), MlaPartPlan{});
@@ -26,7 +26,7 @@ MlaSchedule mla_sched(const std::vector<std::int32_t>& seq_lens, int num_parts, 
     pages[b] = mla::plan_pages(seq_lens[b], no_cap);
     total += pages[b] + fixed_overhead;
   }
-  const int unit = mla::plan_unit(int(total), num_parts);  // the launcher keeps total < 2^31
+  const int unit = mla::plan_unit(int(total), num_parts, min_part_units);  // the launcher keeps total < 2^31
   struct Range { int begin_req = -1, begin_page = 0, begin_split = 0, end_req = 0, end_page = 0; };
   std::vector<Range> parts(num_parts);
   std::vector<int> splits(n, 0);

@@ -73,7 +73,7 @@ __device__ inline void mla_sched_tile(const MlaSchedParams& p, int /*tile*/, cha
   for (int b = b0; b < b1; ++b) start[b] += base;
   if (threadIdx.x == 0) start[n] = total;
   __syncthreads();  // starts complete; also frees the scan storage for the second scan
-  const int unit = plan_unit(total, p.num_parts);  // the block aggregate reaches every thread
+  const int unit = plan_unit(total, p.num_parts, p.min_part_units);  // the block aggregate reaches every thread
   int my_splits = 0;
   for (int b = b0; b < b1; ++b) my_splits += plan_request_splits(start[b], int(start[b + 1] - start[b] - C), C, unit);
   int split_base;

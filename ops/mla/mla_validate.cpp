@@ -64,6 +64,8 @@ Status mla_validate(const MlaSchedParams& p) {
                  ": num_parts must be in [1, 4096] (got ", p.num_parts, ")");
   ENCORE_REQUIRE(p.fixed_overhead >= 0 && p.fixed_overhead <= 4096, StatusCode::kInvalidArgument, op,
                  ": fixed_overhead must be in [0, 4096] (got ", p.fixed_overhead, ")");
+  ENCORE_REQUIRE(p.min_part_units >= 1 && p.min_part_units <= (1 << 16), StatusCode::kInvalidArgument, op,
+                 ": min_part_units must be in [1, 2^16] (got ", p.min_part_units, ")");
   // The plan's tape arithmetic is 32-bit (mla_plan.h).
   ENCORE_REQUIRE(std::int64_t(p.batch) * (std::int64_t(p.cache.max_pages_per_seq) + p.fixed_overhead) < (std::int64_t(1) << 31),
                  StatusCode::kOutOfRange, op, ": batch * (max_pages_per_seq + fixed_overhead) must stay below 2^31");

@@ -20,9 +20,9 @@ namespace {
 using namespace encore::ops;
 
 // Every page of every request covered exactly once, in split order; total splits <= N + P.
-void check_plan(const std::vector<std::int32_t>& lens, int parts, int overhead) {
-  SCOPED_TRACE(::testing::Message() << "N=" << lens.size() << " P=" << parts << " C=" << overhead);
-  const ref::MlaSchedule s = ref::mla_sched(lens, parts, overhead);
+void check_plan(const std::vector<std::int32_t>& lens, int parts, int overhead, int min_units = 1) {
+  SCOPED_TRACE(::testing::Message() << "N=" << lens.size() << " P=" << parts << " C=" << overhead << " M=" << min_units);
+  const ref::MlaSchedule s = ref::mla_sched(lens, parts, overhead, min_units);
   const int n = int(lens.size());
   ASSERT_EQ(s.num_splits[0], 0);
   for (int b = 0; b < n; ++b) ASSERT_GE(s.num_splits[b + 1] - s.num_splits[b], 1) << "request " << b;
@@ -32,7 +32,7 @@ void check_plan(const std::vector<std::int32_t>& lens, int parts, int overhead) 
   for (int b = 0; b < n; ++b) covered[b].assign(std::max((lens[b] + 63) / 64, 1), 0);
   int total = 0;
   for (int b = 0; b < n; ++b) total += int(covered[b].size()) + overhead;
-  const int unit = mla::plan_unit(total, parts);
+  const int unit = mla::plan_unit(total, parts, min_units);
   for (int part = 0; part < parts; ++part) {
     const ops::MlaPartPlan& m = s.parts[std::size_t(part)];
     if (m.begin_req < 0) continue;  // no work (only overhead units, or past the end)
@@ -74,7 +74,11 @@ TEST(MlaSchedCpu, CoversEveryPageOnceAcrossShapes) {
       const int n = 1 + int(rng() % 200);
       std::vector<std::int32_t> lens(n);
       for (auto& l : lens) l = int(rng() % 9000);
-      check_plan(lens, parts, int(rng() % 8));
+      check_plan(lens, parts, int(rng() % 8), trial % 3 ? 1 : 1 + int(rng() % 12));
+    }
+    for (int m : {2, 3, 9, 70}) {
+      check_plan({4096}, parts, 5, m);
+      check_plan({1, 20, 63, 64, 65, 140, 4096, 0}, parts, 5, m);
     }
   }
 }
@@ -83,20 +87,20 @@ TEST(MlaSchedCpu, CoversEveryPageOnceAcrossShapes) {
 // page-by-page reference plan.
 TEST(MlaSchedCpu, ClosedFormEqualsPageWalk) {
   std::mt19937_64 rng(test::fresh_seed());
-  auto compare = [](const std::vector<std::int32_t>& lens, int parts, int overhead) {
-    const ref::MlaSchedule want = ref::mla_sched(lens, parts, overhead);
+  auto compare = [](const std::vector<std::int32_t>& lens, int parts, int overhead, int min_units = 1) {
+    const ref::MlaSchedule want = ref::mla_sched(lens, parts, overhead, min_units);
     const int n = int(lens.size());
     std::vector<int> start(n + 1, 0);
     for (int b = 0; b < n; ++b) start[b + 1] = start[b] + mla::plan_pages(lens[b], 1 << 30) + overhead;
-    const int unit = mla::plan_unit(start[n], parts);
+    const int unit = mla::plan_unit(start[n], parts, min_units);
     std::vector<ops::MlaPartPlan> plans(want.parts.size());
     std::vector<std::int32_t> splits(n + 1, 0);
     for (int b = 0; b < n; ++b)
       splits[b + 1] = splits[b] + mla::plan_request_splits(start[b], int(start[b + 1] - start[b] - overhead), overhead, unit);
     for (int k = 0; k < parts; ++k)
       mla::plan_part(k, n, overhead, unit, [&](int b) { return start[b]; }, plans[std::size_t(k)]);
-    ASSERT_TRUE(plans == want.parts) << "N=" << n << " P=" << parts << " C=" << overhead;
-    ASSERT_EQ(splits, want.num_splits) << "N=" << n << " P=" << parts << " C=" << overhead;
+    ASSERT_TRUE(plans == want.parts) << "N=" << n << " P=" << parts << " C=" << overhead << " M=" << min_units;
+    ASSERT_EQ(splits, want.num_splits) << "N=" << n << " P=" << parts << " C=" << overhead << " M=" << min_units;
   };
   for (int parts : {1, 2, 5, 33, 66, 132}) {
     compare({1}, parts, 5);
@@ -111,7 +115,7 @@ TEST(MlaSchedCpu, ClosedFormEqualsPageWalk) {
       std::vector<std::int32_t> lens(n);
       const int max_len = trial % 2 ? 1000 : 40000;
       for (auto& l : lens) l = int(rng() % max_len);
-      compare(lens, parts, int(rng() % 9));
+      compare(lens, parts, int(rng() % 9), trial % 3 ? 1 : 1 + int(rng() % 12));
     }
   }
 }
@@ -128,6 +132,12 @@ TEST(MlaSchedCpu, SpecExampleAndDeterminism) {
   EXPECT_LE(big.num_splits[128], 128 + 131);
   // 32K at N = 1: 517 units over 132 parts of 4 (positions 5..516 -> parts 1..129).
   EXPECT_EQ(ref::mla_sched({32768}, 132, 5).num_splits[1], 129);
+  // At least M units a part: 4K at M = 3 -> positions 5..68 in parts 1..22, 22 splits; 16
+  // requests of 4K (1104 units, U = 9 from P alone) plan as with M = 1 for M <= 9.
+  EXPECT_EQ(ref::mla_sched({4096}, 132, 5, 3).num_splits[1], 22);
+  const std::vector<std::int32_t> sixteen(16, 4096);
+  EXPECT_TRUE(ref::mla_sched(sixteen, 132, 5, 9).parts == ref::mla_sched(sixteen, 132, 5).parts);
+  EXPECT_NE(ref::mla_sched(sixteen, 132, 5, 10).num_splits, ref::mla_sched(sixteen, 132, 5).num_splits);
 }
 
 TEST(MlaRopeCpu, YarnThetaMatchesSpec) {
@@ -253,6 +263,8 @@ TEST(MlaValidationCpu, OtherLaunchersRejectBadInput) {
   { auto p = s; p.cache.block_table = nullptr; EXPECT_EQ(mla_sched(p, nullptr).code(), StatusCode::kNullPointer); }
   { auto p = s; p.error_flag = nullptr; EXPECT_EQ(mla_sched(p, nullptr).code(), StatusCode::kNullPointer); }
   { auto p = s; p.num_parts = 0; EXPECT_EQ(mla_sched(p, nullptr).code(), StatusCode::kInvalidArgument); }
+  { auto p = s; p.min_part_units = 0; EXPECT_EQ(mla_sched(p, nullptr).code(), StatusCode::kInvalidArgument); }
+  { auto p = s; p.min_part_units = (1 << 16) + 1; EXPECT_EQ(mla_sched(p, nullptr).code(), StatusCode::kInvalidArgument); }
   { auto p = s; p.cache.max_pages_per_seq = 5; EXPECT_EQ(mla_sched(p, nullptr).code(), StatusCode::kOutOfRange); }
 
   MlaKvAppendParams a;

@@ -33,6 +33,7 @@ bf16 nan_bf16() { std::uint16_t u = 0xFFFF; bf16 v; std::memcpy(&v, &u, 2); retu
 
 struct MlaRig {
   int n, heads, parts, capacity_pages = 0, num_pages = 0;
+  int min_part_units = 1;  // MlaSchedParams::min_part_units
   MlaRope rope;
   float scale;
   std::mt19937_64 rng;
@@ -132,6 +133,7 @@ struct MlaRig {
     p.cache = cache();
     p.batch = n;
     p.num_parts = parts;
+    p.min_part_units = min_part_units;
     p.part_plans = d_plans.get();
     p.num_splits = d_splits.get();
     p.error_flag = d_flag.get();
@@ -219,7 +221,7 @@ struct MlaRig {
     EXPECT_EQ(flag[0], 0);
     expect_counters_zero();
     // Scheduler: bit-identical to the CPU plan.
-    const ref::MlaSchedule plan = ref::mla_sched(lens, parts, kMlaDefaultFixedOverhead);
+    const ref::MlaSchedule plan = ref::mla_sched(lens, parts, kMlaDefaultFixedOverhead, min_part_units);
     EXPECT_TRUE(d_plans.download() == plan.parts) << "scheduler plan differs from the CPU plan";
     EXPECT_EQ(d_splits.download(), plan.num_splits) << "num_splits differs from the CPU plan";
 
@@ -301,8 +303,9 @@ struct MlaRig {
 };
 
 std::vector<float> run_and_check(const std::vector<std::int32_t>& lens, int heads, MlaRope rope, float scale, int parts = 0,
-                                 bool model_level = true) {
+                                 bool model_level = true, int min_part_units = 1) {
   MlaRig rig(lens, heads, rope, scale, parts);
+  rig.min_part_units = min_part_units;
   rig.poison_outputs();
   EXPECT_TRUE(rig.enqueue(nullptr).ok());
   EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
@@ -323,6 +326,18 @@ TEST(MlaGpu, MixedBatchAllHeadCounts) {
   for (int heads : {8, 16, 32, 64}) run_and_check(lens, heads, mla_rope_none(), kMlaScaleKimi);
   run_and_check(lens, 128, mla_rope_deepseek_v3(), kMlaScaleDeepSeekV3);
   run_and_check(lens, 32, mla_rope_none(), kMlaScaleKimi, /*parts=*/200);  // tiles > SMs: two kernels
+}
+
+// Parts of at least M units: a short step gets fewer, longer splits (one request of 4K: 64 splits
+// at M = 1, 22 at M = 3, 8 at M = 9); the plan stays the CPU's and the outputs within the bounds.
+TEST(MlaGpu, MinPartUnitsGiveFewerLongerSplits) {
+  ENCORE_REQUIRE_GPU();
+  for (int m : {3, 9}) {
+    SCOPED_TRACE(m);
+    EXPECT_EQ(ref::mla_sched({4096}, 132, kMlaDefaultFixedOverhead, m).num_splits[1], m == 3 ? 22 : 8);
+    run_and_check({4096}, 32, mla_rope_none(), kMlaScaleKimi, 0, true, m);
+    run_and_check({1, 20, 63, 0, 64, 65, 140, 300}, 32, mla_rope_none(), kMlaScaleKimi, 0, true, m);
+  }
 }
 
 TEST(MlaGpu, Batch64DeepSeekRope) {

@@ -128,6 +128,9 @@ TEST(BufferLayout, OptionsAreChecked) {
   o.mla_num_parts = 0;
   EXPECT_EQ(build_buffer_layout(c, o, b).code(), StatusCode::kInvalidArgument);
   o = options();
+  o.mla_min_part_units = 0;
+  EXPECT_EQ(build_buffer_layout(c, o, b).code(), StatusCode::kInvalidArgument);
+  o = options();
   o.max_slots = 0;
   EXPECT_EQ(build_state_layout(c, o, b).code(), StatusCode::kInvalidArgument);
 }

@@ -103,6 +103,10 @@ struct MlaSchedParams {
   int batch = 0;
   int num_parts = 0;                        // P: mla_num_parts(num_heads), or 1 to force one split
   int fixed_overhead = kMlaDefaultFixedOverhead;
+  // Tape units a part takes at least (docs/mla.md §7): 1 spreads a step over all P parts; more give
+  // a step with few pages fewer, longer splits (fewer partials to store and merge). Steps with
+  // more than P * min_part_units units plan as with 1.
+  int min_part_units = 1;
   MlaPartPlan* part_plans = nullptr;        // [num_parts] out
   std::int32_t* num_splits = nullptr;       // [batch + 1] out: prefix sums of splits
   std::int32_t* error_flag = nullptr;       // [1] out: MlaError bits

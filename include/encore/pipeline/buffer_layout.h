@@ -42,6 +42,7 @@ struct BufferOptions {
   int max_pages_per_seq = 64;   // block table row length: context capacity = 64 * this
   int mla_num_parts = 0;        // split-KV scheduler parts: ops::mla_num_parts(heads) on the device
                                 // the pipeline runs on (it reads the SM count, so the caller passes it)
+  int mla_min_part_units = 1;   // ops::MlaSchedParams::min_part_units: fewer, longer splits for short steps
   // The Q4_K GEMV stages' core on both paths (kAuto: the launchers' default). Results round
   // differently per core; the graph and the megakernel still agree bit for bit.
   ops::GemvCore gemv_core = ops::GemvCore::kAuto;

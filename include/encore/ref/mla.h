@@ -16,7 +16,7 @@ struct MlaSchedule {
   std::vector<std::int32_t> num_splits;
 };
 MlaSchedule mla_sched(const std::vector<std::int32_t>& seq_lens, int num_parts,
-                      int fixed_overhead = ops::kMlaDefaultFixedOverhead);
+                      int fixed_overhead = ops::kMlaDefaultFixedOverhead, int min_part_units = 1);
 
 // theta'_i of pair i (0..31): YaRN-scaled for kDeepSeekYarn; 0 for kNone.
 double mla_rope_theta(const ops::MlaRope& rope, int pair);
