@@ -35,37 +35,46 @@ if has tests; then
 fi
 
 # Small cases that reach every kernel of each area (the invalidated-capture test is left out:
-# it makes CUDA API errors on purpose).
+# it makes CUDA API errors on purpose). The megakernel's cases live in the pipeline's binary.
 declare -A small=(
   [gemv]='Shapes/*n37_k2304_b3:Shapes/*n37_k14336_b16:Shapes/Rms*n4096_k256_b16:F16/*n37_k2304_b5_f16:F16/*n37_k256_b16_f16:F16Parts/*n37_k2304_b16_f16_p1:Cores/Q4kGemvDeterminism*:Q4kGemvInPlace*'
   [q4k]='Q4kDequantizeGpu.*'
   [kda]='KdaGpu.OneStep*:KdaGpu.SlotIsolationAndPadding:KdaGpu.BadSlotIdsLeaveStatesUntouched'
   [mla]='MlaGpu.MixedBatchAllHeadCounts:MlaGpu.AppendRopePositionsAndNopeCopy:MlaGpu.BadDeviceInputLeavesCacheUntouched:MlaGpu.HalfSm*:MlaGpu.AbsorbAndAppend*'
   [moe]='MoeTopkGpu.*:MoeRouterGpu.*:MoeExpertsGpu.Small*'
-  [pipeline]='Tiny/MegakernelTiny.*:Tiny/MegakernelTwoPerSm.*:Tiny/MegakernelGpu.RunsInsideACapturedGraph*:Tiny/MegakernelGpu.TraceTimesAndMarksAreOrdered*:Tiny/PipelineGpu.GraphReplaysMatchEagerStepsBitForBit*:GeneratorTiny.*:PipelineGpuWide.*:MegakernelTinyWide.*:PipelineGpuInputs.GatherAndScheduler*'
+  [pipeline]='Tiny/PipelineGpu.GraphReplaysMatchEagerStepsBitForBit*:GeneratorTiny.*:PipelineGpuWide.*:PipelineGpuInputs.GatherAndScheduler*'
+  [megakernel]='Tiny/MegakernelTiny.*:Tiny/MegakernelTwoPerSm.*:Tiny/MegakernelGpu.RunsInsideACapturedGraph*:Tiny/MegakernelGpu.TraceTimesAndMarksAreOrdered*:MegakernelTinyWide.*'
   [sample]='GreedyGpu.*'
 )
+sanitize() {
+  local tool=$1 area=$2 log="$out/${1}_${2}.log" cases=${small[$2]} binary=encore_test_${2/megakernel/pipeline}
+  # racecheck takes minutes per 40-row step test (the tiny ones reach the same kernels), and the
+  # generator's 146-step test grows its host memory past 128 GB; synccheck leaves that test's graph
+  # launches untracked ("Unable to allocate enough memory"), each counted as an error
+  [ "$tool" = racecheck ] && cases=$(tr ':' '\n' <<< "$cases" | grep -v Wide | paste -sd:)
+  [ "$tool" != memcheck ] && [ "$area" = pipeline ] && cases=$cases-GeneratorTiny.BothPaths*
+  compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests/$binary" --gtest_filter="$cases" > "$log" 2>&1
+  echo "$tool $area rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1) untracked launches: $(grep -c 'Unable to allocate' "$log")"
+}
 # One tool at a time: sanitizers running side by side ran out of the 80 GB of an H100.
 if has sanitizers; then
   export ENCORE_MEGAKERNEL_STEPS=4  # the megakernel's bit-identity tests, shortened under the sanitizers
-  for area in gemv q4k kda mla moe pipeline sample; do
+  for area in gemv q4k kda mla moe pipeline megakernel sample; do
     for tool in memcheck racecheck synccheck; do
-      log="$out/${tool}_${area}.log"
-      cases=${small[$area]}
-      # racecheck takes minutes per 40-row step test (the tiny ones reach the same kernels), and the
-      # generator's 146-step test grows its host memory past 128 GB
-      [ "$tool" = racecheck ] && cases=$(tr ':' '\n' <<< "$cases" | grep -v Wide | paste -sd:)-GeneratorTiny.BothPaths*
-      compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests/encore_test_$area" --gtest_filter="$cases" > "$log" 2>&1
-      # (synccheck leaves the generator test's graph launches untracked: "Unable to allocate enough memory")
-      echo "$tool $area rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1) untracked launches: $(grep -c 'Unable to allocate' "$log")"
+      [ "$area $tool" = "megakernel racecheck" ] || sanitize "$tool" "$area"
     done
   done
   # racecheck on shared memory handed from one body to the next, the megakernel's way, in a probe
-  # with no race (bench/probes/README.md): it reports hazards for `reuse` only.
+  # with no race (bench/probes/README.md): it reports hazards for `reuse` only. The megakernel's
+  # racecheck comes last: its hand-over draws the same report, and it takes the longest.
   for mode in alone disjoint reuse; do
     echo "racecheck probe $mode: $(compute-sanitizer --tool racecheck build/bench/encore_racecheck_probe $mode 2>&1 | grep 'RACECHECK SUMMARY')"
   done
+  sanitize racecheck megakernel
+  grep -E 'Race reported between' "$out/racecheck_megakernel.log" | sed -E 's/0x[0-9a-f]+/X/g' | cut -c1-200 | sort | uniq -c | sort -rn | head -4
   unset ENCORE_MEGAKERNEL_STEPS
+  # One archive of the logs (a device call returns few files).
+  (cd "$out" && tar -cJf sanitizer_logs.tar.xz ./*check_*.log && rm -f ./*check_*.log)
 fi
 
 if has bench; then
