@@ -2,6 +2,7 @@
 // config, every pointer inside its arena, and the ops' host-side validators on every stage.
 #include <encore/pipeline/stage_list.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -403,6 +404,26 @@ TEST(StageList, GemvCoreReachesEveryStage) {
   for (const Stage& s : b.stages) EXPECT_EQ(s.gemv_core, ops::GemvCore::kMmaF16);
   b.options.gemv_core = ops::GemvCore(7);
   EXPECT_EQ(validate(b.options).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(build_stage_list(b.inputs(16), b.stages).code(), StatusCode::kInvalidArgument);
+}
+
+// The MLA split plan's parts and fewest units a part come from the options, into the one
+// scheduler stage that both paths run (the plan decides the partials' merge order, so the bits).
+TEST(StageList, MlaSplitPlanOptionsReachTheScheduler) {
+  Built b(ModelConfig::kimi_linear_48b());
+  auto scheduler = [&b]() -> const ops::MlaSchedParams& {
+    const auto it = std::find_if(b.stages.begin(), b.stages.end(), [](const Stage& s) { return s.kind == StageKind::kMlaSched; });
+    EXPECT_NE(it, b.stages.end());
+    EXPECT_EQ(std::count_if(b.stages.begin(), b.stages.end(), [](const Stage& s) { return s.kind == StageKind::kMlaSched; }), 1);
+    return it->params.mla_sched;
+  };
+  EXPECT_EQ(scheduler().num_parts, 132);
+  EXPECT_EQ(scheduler().min_part_units, 1);
+  b.options.mla_num_parts = 66, b.options.mla_min_part_units = 3;
+  throw_if_error(build_stage_list(b.inputs(16), b.stages));
+  EXPECT_EQ(scheduler().num_parts, 66);
+  EXPECT_EQ(scheduler().min_part_units, 3);
+  b.options.mla_min_part_units = 0;
   EXPECT_EQ(build_stage_list(b.inputs(16), b.stages).code(), StatusCode::kInvalidArgument);
 }
 
