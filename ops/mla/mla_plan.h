@@ -3,7 +3,8 @@
 //
 // The "tape": request b occupies cost_b = C + pages_b consecutive units (C = fixed overhead, then
 // one unit per page); start_b is the exclusive prefix sum of the costs, total = start_N. With
-// unit U = max(ceil(total / P), M) (M: the fewest units a part takes), part k owns every page whose tape position lies in [k U, (k+1) U).
+// unit U = max(ceil(total / P), M) (M: the fewest units a part takes), part k owns every page
+// whose tape position lies in [k U, (k+1) U).
 // Every page belongs to exactly one part, each part does at most U units of work (the overhead
 // units of a request it starts count against it), and a request has one split per part that owns
 // some of its pages (total splits <= N + P - 1: each cut is a distinct multiple of U). Unlike
@@ -37,10 +38,10 @@ ENCORE_MLA_HD inline int plan_pages(std::int32_t len, int capacity_tokens) {
   return pages > 0 ? pages : 1;
 }
 
-// Tape units per part: U = ceil(total / P), at least min_units (>= 1).
+// Tape units per part: U = ceil(total / P), at least min_units and at least 1.
 ENCORE_MLA_HD inline int plan_unit(int total, int num_parts, int min_units = 1) {
-  const int u = (total + num_parts - 1) / num_parts;
-  return u > min_units ? u : (min_units > 0 ? min_units : 1);
+  const int u = (total + num_parts - 1) / num_parts, least = min_units > 1 ? min_units : 1;
+  return u > least ? u : least;
 }
 
 // Splits of a request whose tape segment starts at `start`: parts owning its pages.
