@@ -7,9 +7,11 @@
 #   bash bench/gpu_check.sh [OUT_DIR] [BENCH_FILTER]
 # Prints a short summary last; full logs go to OUT_DIR (default: $OUT, else ./out).
 # PARTS (default "tests sanitizers bench") picks the parts, so the work can be split across calls
-# of the device's 10-minute limit, e.g. PARTS="tests sanitizers" then PARTS=bench. PARTS=items (not
-# a default) traces the megakernel on Kimi-Linear at 4K (batches 1, 4, 16) and prints its items'
-# times (bench/ab/item_times.py) and critical path.
+# of the device's 10-minute limit, e.g. PARTS="tests sanitizers" then PARTS=bench; AREAS (default:
+# every area below) picks the sanitizers' areas, e.g. AREAS="pipeline megakernel sample";
+# SANITIZER_TIMEOUT_S bounds each sanitizer run (rc 124), so a long one still leaves its log.
+# PARTS=items (not a default) traces the megakernel on Kimi-Linear at 4K (batches 1, 4, 16) and
+# prints its items' times (bench/ab/item_times.py) and critical path.
 set -uo pipefail
 out=${1:-${OUT:-out}}
 filter=${2:-.}
@@ -53,13 +55,13 @@ sanitize() {
   # launches untracked ("Unable to allocate enough memory"), each counted as an error
   [ "$tool" = racecheck ] && cases=$(tr ':' '\n' <<< "$cases" | grep -v Wide | paste -sd:)
   [ "$tool" != memcheck ] && [ "$area" = pipeline ] && cases=$cases-GeneratorTiny.BothPaths*
-  compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests/$binary" --gtest_filter="$cases" > "$log" 2>&1
+  timeout "${SANITIZER_TIMEOUT_S:-0}" compute-sanitizer --tool "$tool" --error-exitcode 9 "$tests/$binary" --gtest_filter="$cases" > "$log" 2>&1
   echo "$tool $area rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1) untracked launches: $(grep -c 'Unable to allocate' "$log")"
 }
 # One tool at a time: sanitizers running side by side ran out of the 80 GB of an H100.
 if has sanitizers; then
   export ENCORE_MEGAKERNEL_STEPS=4  # the megakernel's bit-identity tests, shortened under the sanitizers
-  for area in gemv q4k kda mla moe pipeline megakernel sample; do
+  for area in ${AREAS:-gemv q4k kda mla moe pipeline megakernel sample}; do
     for tool in memcheck racecheck synccheck; do
       [ "$area $tool" = "megakernel racecheck" ] || sanitize "$tool" "$area"
     done
@@ -67,10 +69,10 @@ if has sanitizers; then
   # racecheck on shared memory handed from one body to the next, the megakernel's way, in a probe
   # with no race (bench/probes/README.md): it reports hazards for `reuse` only. The megakernel's
   # racecheck comes last: its hand-over draws the same report, and it takes the longest.
-  for mode in alone disjoint reuse; do
+  [[ " ${AREAS:-megakernel} " == *" megakernel "* ]] && for mode in alone disjoint reuse; do
     echo "racecheck probe $mode: $(compute-sanitizer --tool racecheck build/bench/encore_racecheck_probe $mode 2>&1 | grep 'RACECHECK SUMMARY')"
   done
-  sanitize racecheck megakernel
+  [[ " ${AREAS:-megakernel} " == *" megakernel "* ]] && sanitize racecheck megakernel &&
   grep -E 'Race reported between' "$out/racecheck_megakernel.log" | sed -E 's/0x[0-9a-f]+/X/g' | cut -c1-200 | sort | uniq -c | sort -rn | head -4
   unset ENCORE_MEGAKERNEL_STEPS
   # One archive of the logs (a device call returns few files).
