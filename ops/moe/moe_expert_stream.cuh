@@ -168,6 +168,13 @@ struct StreamSmem {
   }
 };
 
+// How a stream's set-up meets the caller's wait for what its list needs (the routing, or the
+// prepare kernel's list): kListNow, no wait needed (the list is settled); kWaitForList, the
+// barriers first (they need nothing upstream), then wait(), then the list and the ring; kRingLater,
+// the list now and the ring at start_ring() (the shared experts' stream, whose list needs only the
+// slot ids and whose ring waits for its input).
+enum class StreamStart { kListNow, kWaitForList, kRingLater };
+
 // The block's view of its stream: shape, matrices and the item count (block-uniform). kInBlock:
 // the block builds its work list (shape.in_block()); kSet: which passes it runs (gate/up only);
 // kRowSets: one token's down (shape.row_sets), where an item is either a shared expert's row chunk
@@ -204,10 +211,10 @@ struct ExpertStream {
   // so the down kernel runs this before its own wait (global data read through L2, ld.cg).
   // start_activations() follows the wait. `wait` gives the marks (trace mode) and, in the
   // megakernel, the list a block's gate/up hands to its down stream (device::leave_handoff).
-  // `ring_now` false: the caller starts the ring later (start_ring).
+  // `start`: where the caller's wait falls (StreamStart).
   template <class Wait>
   __device__ ExpertStream(const ExpertsTileParams& p, const StreamShape& sh, const StreamMaps& maps, char* smem, int row_groups,
-                          int first, int stride, Wait& wait, bool ring_now = true)
+                          int first, int stride, Wait& wait, StreamStart start = StreamStart::kListNow)
       : shape(sh), s(smem, sh), list(kInBlock ? s.list : global_work_list(p)) {
 #pragma unroll
     for (int m = 0; m < NMAT; ++m) map[m] = &maps.mat[m];
@@ -221,6 +228,7 @@ struct ExpertStream {
       for (int i = 0; i < kActBuffers; ++i) device::barrier_init(&s.act_full[i], 1);
       device::fence_barrier_init();
     }
+    if (start == StreamStart::kWaitForList) wait();
     if constexpr (kInBlock) {
       if (stream_runs<kSet>(sh.set, ExpertSet::kShared)) {
         build_shared_list(p, list);
@@ -262,7 +270,7 @@ struct ExpertStream {
     items = total > first ? (total - first + stride - 1) / stride : 0;
     __syncthreads();
     device::mark(wait, device::Mark::kListBuilt, -1);
-    if (ring_now) start_ring(wait);
+    if (start != StreamStart::kRingLater) start_ring(wait);
   }
 
   // The ring's first pieces (the items' weights depend on nothing of the step).
@@ -494,12 +502,12 @@ __device__ inline void gate_up_body(const ExpertsTileParams& p, const StreamShap
     const StreamSmem s(smem, shape);
     quantize_rows(p, 0, p.batch, s.act, s.row_partial);
   }
-  // The routing (and the work list or h) come from upstream. The shared experts' stream needs none
-  // of it: its list (from the slot ids alone) comes first, then its wait for the input, which it
-  // quantises before its ring starts (copies issued first would meet the quantisation's loads).
-  if (!shared_set) wait();
+  // The routing (and the work list or h) come from upstream: the stream waits for them after
+  // setting up its barriers. The shared experts' stream needs none of it: its list (from the slot
+  // ids alone) comes first, then its wait for the input, which it quantises before its ring starts
+  // (copies issued first would meet the quantisation's loads).
   ExpertStream<2, kInBlock, kSet> stream(p, shape, maps, smem, gate_up_row_groups(p.inter), r.first(), r.stride(), wait,
-                                         !shared_set);
+                                         shared_set ? StreamStart::kRingLater : StreamStart::kWaitForList);
   if (shared_set) {
     wait();
     quantize_rows(p, 0, p.batch, stream.s.act, stream.s.row_partial);
