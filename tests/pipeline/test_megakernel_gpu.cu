@@ -99,12 +99,14 @@ void expect_paths_agree(Pipeline& p, const DecodeStep& graph, const DecodeStep& 
 
 // Captures the graph, builds the megakernel with `options` (stress seeded from `seed`) on the
 // expected grid, and runs both for ENCORE_MEGAKERNEL_STEPS steps (default `steps`) from the same
-// states: every step the same bits.
+// states: every step the same bits. ENCORE_MEGAKERNEL_WAIT_TIMEOUT_MS replaces the bound on a wait:
+// under racecheck a producer's tiles can take longer than the default 2 s (bench/gpu_check.sh).
 void expect_megakernel_matches_graph(Pipeline& p, MegakernelOptions options, std::uint64_t seed, int grid, int steps,
                                      cudaStream_t stream) {
   DecodeGraph graph;
   ENCORE_OK(DecodeGraph::capture(p, stream, graph));
   options.stress_seed = std::uint32_t(seed) | 1u;
+  options.wait_timeout_ms = std::uint32_t(test::env_int("ENCORE_MEGAKERNEL_WAIT_TIMEOUT_MS", options.wait_timeout_ms));
   Megakernel mk;
   ENCORE_OK(Megakernel::build(p, mk, options));
   EXPECT_EQ(mk.grid(), grid);
