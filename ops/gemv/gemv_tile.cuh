@@ -59,7 +59,7 @@ __device__ void gemv_body(const GemvTileParams& p, const Range& r, char* smem, W
     else if constexpr (C == Core::kMmaS8)
       gemv_tile_mma<NTOK, NMAT>(p, tile, s, state);
     else
-      gemv_tile<NTOK, NMAT, rows_per_group(NTOK, NMAT)>(p, tile, s, state);
+      gemv_tile<NTOK, NMAT, rows_per_group(NTOK, NMAT)>(p, tile, s, state, wait, item);
     device::mark(wait, device::Mark::kItemEnd, item);  // (warp 0's end of the tile)
   }
   if constexpr (Wait::kSharedMemoryReused) {

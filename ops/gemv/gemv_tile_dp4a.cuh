@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/body.cuh"
 #include "gemv/gemv_activations.cuh"
 #include "gemv/gemv_pipe.cuh"
 #include "q4k/q4k_stream.cuh"
@@ -11,9 +12,11 @@
 namespace encore::gemv {
 
 // Runs one tile: the calling block's TileState must have been started for the sequence of tiles
-// it runs, in that order. RL must equal p.rows_per_warp / p.row_groups.
-template <int NTOK, int NMAT, int RL>
-__device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, const GemvSmem& s, TileState& state) {
+// it runs, in that order. RL must equal p.rows_per_warp / p.row_groups. A wait policy with marks
+// (the traced megakernel's) marks, for the block's item-th tile, when warp 0 has the tile's first
+// weights (with how long it waited for them: the activations come before) and when its K loop ends.
+template <int NTOK, int NMAT, int RL, class Wait>
+__device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, const GemvSmem& s, TileState& state, Wait& wait, int item) {
   WeightPipe& pipe = state.pipe;
   const int G = p.row_groups, slices = 8 / G, W = p.rows_per_warp;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -60,7 +63,9 @@ __device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, const Gemv
     if (quantize) detail::load_chunk(p, kb0, nbc, s);
     for (int ks0 = kb0; ks0 < kb0 + nbc; ks0 += p.slot_blocks) {
       const int nb = min(p.slot_blocks, p.k_blocks - ks0);
+      const std::uint64_t before = ks0 == 0 && device::marking(wait) ? device::global_ns() : 0;
       const char* slot_data = pipe.wait_next() + my_g * pitch;
+      if (before) device::mark(wait, device::Mark::kItemWeights, item, std::uint32_t(device::global_ns() - before));
 #pragma unroll(RL == 1 ? 2 : 1)
       for (int jl = slice; jl < nb; jl += slices) {
         if (live == 0) break;
@@ -87,6 +92,7 @@ __device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, const Gemv
     }
   }
   state.act_cached = single_chunk;
+  device::mark(wait, device::Mark::kItemComputed, item);
 
   // Row sums: the 4 lanes of a group, then the 8 / G groups of the row (fixed butterfly order).
 #pragma unroll
