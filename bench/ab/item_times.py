@@ -5,7 +5,9 @@ The bodies mark, on each block, when an expert stream's work list and item table
 (list_built), its first weights issued (ring_started) and its set-up ended (activations), when each item began, when warp 0 had the item's first weights, when warp 0
 was done with the item's weights, when the block was done with it (after the epilogue and the block
 barrier; with the ns warp 0 waited for weights in it), and when the down stream's ordered combine
-began; the GEMVs mark their tiles' begin and end (warp 0's view). Per instruction kind (the name
+began; the GEMVs mark their tiles' begin and end (warp 0's view), and the dp4a core (up to 4
+tokens) its tile's first weights (item_weights, with warp 0's wait in ns) and its K loop's end
+(item_computed). Per instruction kind (the name
 without its layer), summed over layers, this prints:
 
   blocks      block entries that ran the kind
