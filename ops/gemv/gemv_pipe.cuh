@@ -59,7 +59,14 @@ __device__ __forceinline__ void fill_next_slot(const GemvTileParams& p, WeightPi
   const std::uint32_t bytes = std::uint32_t(nb) * q4k::kBlockBytes;
   std::uint64_t* bar = &pipe.bars[pipe.fill_slot];
   if (lane == 0) device::barrier_arrive_expect(bar, std::uint32_t(NMAT * valid) * bytes);
-  if (lane < valid) {
+  if (q4k::slot_pitch(p.slot_blocks) == p.row_bytes) {
+    // The slot holds whole rows laid out as in global memory: one copy per matrix.
+    char* dst = pipe.ring + pipe.fill_slot * pipe.slot_size;
+    if (lane == 0 && valid > 0)
+#pragma unroll
+      for (int m = 0; m < NMAT; ++m)
+        device::bulk_copy_to_shared(dst + m * R * p.row_bytes, p.mat[m] + row0 * p.row_bytes, std::uint32_t(valid) * bytes, bar, policy);
+  } else if (lane < valid) {
     char* dst = pipe.ring + pipe.fill_slot * pipe.slot_size + lane * q4k::slot_pitch(p.slot_blocks);
     const std::int64_t src = (row0 + lane) * p.row_bytes + std::int64_t(pipe.fill_kb) * q4k::kBlockBytes;
 #pragma unroll

@@ -216,6 +216,16 @@ class Lowering {
     // bytes in flight as the launcher's two.
     const std::size_t budget = std::min(kGemvSmemBudget, body_smem());
     auto smem_of = [&](const gemv::GemvTileParams& q) { return gemv::GemvSmem(nullptr, q, plan.tokens, plan.matrices).bytes; };
+    // Slots of whole rows (all of K) where two fit: a warp's rows of a tile then come in one copy per
+    // row, or in one copy where the slot lies as in global memory (odd K blocks: no pad), not one per
+    // row and slot. A K slice keeps its blocks (the launcher's slots are whole multiples of the
+    // slices), so the sums stay the same.
+    if (gemv::core_of(plan.params) == gemv::Core::kDp4a && plan.params.chunk_blocks == plan.params.k_blocks &&
+        plan.params.slot_blocks % (8 / plan.params.row_groups) == 0) {
+      gemv::GemvTileParams whole = plan.params;
+      whole.slot_blocks = whole.k_blocks, whole.slots = 2;
+      if (smem_of(whole) <= budget) plan.params = whole;
+    }
     for (plan.params.slots = gemv::kMaxSlots; plan.params.slots > 2; --plan.params.slots)
       if (smem_of(plan.params) <= budget) break;
     plan.smem = smem_of(plan.params);
