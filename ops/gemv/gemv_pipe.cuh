@@ -60,7 +60,8 @@ __device__ __forceinline__ void fill_next_slot(const GemvTileParams& p, WeightPi
   std::uint64_t* bar = &pipe.bars[pipe.fill_slot];
   if (lane == 0) device::barrier_arrive_expect(bar, std::uint32_t(NMAT * valid) * bytes);
   if (q4k::slot_pitch(p.slot_blocks) == p.row_bytes) {
-    // The slot holds whole rows laid out as in global memory: one copy per matrix.
+    // A slot of all of K (its pitch can equal a row's bytes no other way) lies as in global
+    // memory: one copy per matrix.
     char* dst = pipe.ring + pipe.fill_slot * pipe.slot_size;
     if (lane == 0 && valid > 0)
 #pragma unroll

@@ -3,9 +3,10 @@
 //
 // Weights: each warp streams its W rows through its own ring of `slots` shared-memory
 // buffers, one bulk copy per (matrix, row) and slot of `slot_blocks` K blocks (one per matrix
-// where a slot of whole rows lies as in global memory), completion on one mbarrier per buffer. The ring runs ahead across the tiles a block executes (WeightPipe), so the
-// first slots of the next tile are in flight while this one computes; bytes in flight cost no
-// registers. The copies of a block's first slots are issued before the PDL wait.
+// where a slot of whole rows lies as in global memory), completion on one mbarrier per buffer.
+// The ring runs ahead across the tiles a block executes (WeightPipe), so the first slots of the
+// next tile are in flight while this one computes; bytes in flight cost no registers. The copies
+// of a block's first slots are issued before the PDL wait.
 //
 // Math: the 8 four-lane groups of a warp are G row groups x (8 / G) K slices; group g owns the
 // RL = W / G rows g % G + G * i (i < RL) and the slot's blocks g / G, g / G + 8 / G, ... Lane p
