@@ -411,11 +411,11 @@ TEST(StageList, GemvCoreReachesEveryStage) {
 // scheduler stage that both paths run (the plan decides the partials' merge order, so the bits).
 TEST(StageList, MlaSplitPlanOptionsReachTheScheduler) {
   Built b(ModelConfig::kimi_linear_48b());
-  auto scheduler = [&b]() -> const ops::MlaSchedParams& {
-    const auto it = std::find_if(b.stages.begin(), b.stages.end(), [](const Stage& s) { return s.kind == StageKind::kMlaSched; });
-    EXPECT_NE(it, b.stages.end());
-    EXPECT_EQ(std::count_if(b.stages.begin(), b.stages.end(), [](const Stage& s) { return s.kind == StageKind::kMlaSched; }), 1);
-    return it->params.mla_sched;
+  auto scheduler = [&b]() -> ops::MlaSchedParams {
+    const auto is_sched = [](const Stage& s) { return s.kind == StageKind::kMlaSched; };
+    EXPECT_EQ(std::count_if(b.stages.begin(), b.stages.end(), is_sched), 1);
+    const auto it = std::find_if(b.stages.begin(), b.stages.end(), is_sched);
+    return it == b.stages.end() ? ops::MlaSchedParams{} : it->params.mla_sched;  // (a failure above)
   };
   EXPECT_EQ(scheduler().num_parts, 132);
   EXPECT_EQ(scheduler().min_part_units, 1);
