@@ -57,6 +57,9 @@ struct PdlWait {
   // its first work should be short. A standalone kernel's prologue runs under the previous
   // kernel's tail.
   static constexpr bool kPrologueExposed = false;
+  // Whether the body's warps run alone on their SM (the megakernel's block), so that their own
+  // loads in flight, not other blocks' warps, must hide its loops' latency.
+  static constexpr bool kLatencyExposed = false;
   bool release = true;
   __device__ __forceinline__ void operator()() const {
     wait_for_upstream();

@@ -66,7 +66,9 @@ __device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, const Gemv
       const std::uint64_t before = ks0 == 0 && device::marking(wait) ? device::global_ns() : 0;
       const char* slot_data = pipe.wait_next() + my_g * pitch;
       if (before) device::mark(wait, device::Mark::kItemWeights, item, std::uint32_t(device::global_ns() - before));
-#pragma unroll(RL == 1 ? 2 : 1)
+      // One row per group: a deeper unroll where the block's 8 warps alone must hide the loop's
+      // latency (the same order, so the same sums); elsewhere other blocks do, and code costs.
+#pragma unroll(RL > 1 ? 1 : Wait::kLatencyExposed ? 3 : 2)
       for (int jl = slice; jl < nb; jl += slices) {
         if (live == 0) break;
         q4k::QuadWeights w[NMAT][RL];

@@ -130,6 +130,7 @@ template <bool kMarks>
 struct CounterWaitOf {
   static constexpr bool kSharedMemoryReused = true;
   static constexpr bool kPrologueExposed = true;
+  static constexpr bool kLatencyExposed = true;
   const KernelArgs& a;
   const Dep* deps;
   int count;
