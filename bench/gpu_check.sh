@@ -78,11 +78,17 @@ if has sanitizers; then
     sanitize racecheck megakernel
     races() { grep -E 'Race reported between' "$out/racecheck_megakernel.log"; }
     races | sed -E 's/0x[0-9a-f]+/X/g' | cut -c1-200 | sort | uniq -c | sort -rn | head -4
-    # the probe's shape: a bulk copy's write (the async proxy) on the first side of every report,
-    # named, or (inlined into its caller) at a line of bulk_copy_to_shared in async_copy.cuh
+    # the hand-over's shape: a bulk copy's write (the async proxy) on one side of every report (the
+    # reported access, or one it conflicts with: the `and` lines), named, or (inlined into its
+    # caller) at a line of bulk_copy_to_shared in async_copy.cuh
     bulk_lines=$(awk '/void bulk_copy_to_shared/{f=1} f{print NR} f&&/^}/{f=0}' ops/common/async_copy.cuh | paste -sd'|')
-    bulk_first="between Write access at (encore::device::bulk_copy_to_shared|.* in async_copy\\.cuh:($bulk_lines)\$)"
-    echo "racecheck megakernel: $(races | grep -c .) reports, $(races | grep -Evc "$bulk_first") without a bulk copy first"
+    bulk="Write access at (encore::device::bulk_copy_to_shared|.* in async_copy\\.cuh:($bulk_lines)( |\$))"
+    counts=$(awk -v bulk="$bulk" '/Race reported between/{n++; if (open && !seen) none++; open=1; seen=0; first=($0 ~ bulk)}
+      open && $0 ~ bulk {seen=1} open && /Race reported between/ && first {firsts++}
+      !/Race reported between/ && !/=========     and/ {if (open && !seen) none++; open=0}
+      END{if (open && !seen) none++; printf "%d reports, %d with a bulk copy as the reported access, %d with none on either side", n, firsts, none}' \
+      "$out/racecheck_megakernel.log")
+    echo "racecheck megakernel: $counts"
   fi
   unset ENCORE_MEGAKERNEL_STEPS ENCORE_MEGAKERNEL_WAIT_TIMEOUT_MS
   # One archive of the logs (a device call returns few files).
