@@ -12,29 +12,40 @@ namespace encore::gemv {
 
 namespace detail {
 
+// Eight consecutive floats from 32-byte aligned memory (kReadOnly: through the read-only path,
+// for weights).
+template <bool kReadOnly>
+__device__ __forceinline__ void load8(const float* src, float (&v)[8]) {
+  const float4* p = reinterpret_cast<const float4*>(src);
+  const float4 a = kReadOnly ? __ldg(p) : p[0], b = kReadOnly ? __ldg(p + 1) : p[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
 // Quantises K blocks [kb0, kb0 + nbc) of every active token into shared memory, and (with a norm)
-// each block's sum(x^2). A warp takes (token, block) tasks round robin, four tasks' loads in flight
-// at once so the prologue costs about one L2 round trip per four tasks. gamma loads per task after
-// its sum (loading it with x held 32 more registers and spilled inside the cores' loops); the body
-// pulls gamma into L2 before its wait. F16: the fp16 core's format.
-template <bool F16 = false>
+// each block's sum(x^2). A warp takes (token, block) tasks round robin, kInFlight tasks' loads in
+// flight at once, so the prologue costs about one L2 round trip per kInFlight tasks (the body pulls
+// gamma into L2 before its wait). One token (NTOK 1: at most a few tasks a warp, the first tile of a
+// norm GEMV on the step's critical path): two tasks, gamma loaded with x. More tokens: four tasks,
+// gamma per task after its sum (loading it with x held 32 more registers and spilled inside the
+// cores' loops). F16: the fp16 core's format.
+template <int NTOK, bool F16 = false>
 __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0, int nbc, const GemvSmem& s) {
-  constexpr int kTasksInFlight = 4;
+  constexpr bool kGammaWithX = NTOK == 1;
+  constexpr int kInFlight = kGammaWithX ? 2 : 4;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tasks = p.batch * nbc;
-  for (int base = warp; base < tasks; base += kWarpsPerBlock * kTasksInFlight) {
-    float v[kTasksInFlight][8];
+  for (int base = warp; base < tasks; base += kWarpsPerBlock * kInFlight) {
+    float v[kInFlight][8], gamma[kInFlight][8];
 #pragma unroll
-    for (int u = 0; u < kTasksInFlight; ++u) {
+    for (int u = 0; u < kInFlight; ++u) {
       const int task = base + u * kWarpsPerBlock;
       if (task >= tasks) break;
       const int t = task / nbc, j = task % nbc;
-      const float4* src = reinterpret_cast<const float4*>(p.x + t * p.x_stride + std::int64_t(kb0 + j) * 256 + lane * 8);
-      const float4 a = src[0], b = src[1];
-      v[u][0] = a.x, v[u][1] = a.y, v[u][2] = a.z, v[u][3] = a.w, v[u][4] = b.x, v[u][5] = b.y, v[u][6] = b.z, v[u][7] = b.w;
+      load8<false>(p.x + t * p.x_stride + std::int64_t(kb0 + j) * 256 + lane * 8, v[u]);
+      if (kGammaWithX && p.gamma) load8<true>(p.gamma + std::int64_t(kb0 + j) * 256 + lane * 8, gamma[u]);
     }
 #pragma unroll
-    for (int u = 0; u < kTasksInFlight; ++u) {
+    for (int u = 0; u < kInFlight; ++u) {
       const int task = base + u * kWarpsPerBlock;
       if (task >= tasks) break;
       const int t = task / nbc, j = task % nbc;
@@ -44,10 +55,9 @@ __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0,
         for (int i = 0; i < 8; ++i) ss += v[u][i] * v[u][i];
         ss = device::warp_sum(ss);
         if (lane == 0) s.block_ss[t * p.chunk_blocks + j] = ss;
-        const float4* g = reinterpret_cast<const float4*>(p.gamma + std::int64_t(kb0 + j) * 256 + lane * 8);
-        const float4 ga = __ldg(g), gb = __ldg(g + 1);
-        v[u][0] *= ga.x, v[u][1] *= ga.y, v[u][2] *= ga.z, v[u][3] *= ga.w;
-        v[u][4] *= gb.x, v[u][5] *= gb.y, v[u][6] *= gb.z, v[u][7] *= gb.w;
+        if (!kGammaWithX) load8<true>(p.gamma + std::int64_t(kb0 + j) * 256 + lane * 8, gamma[u]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[u][i] *= gamma[u][i];
       }
       if constexpr (F16)
         q4k::quantize_act_block_f16(v[u], s.f16_values(t, j), s.f16_sums_of(t, j), s.f16_scale_of(t, j));
@@ -103,10 +113,10 @@ __device__ __forceinline__ void store_normalized(const GemvTileParams& p, const 
 }
 
 // Quantises chunk [kb0, kb0 + nbc) of the activations (and its RMS sums) unless they are cached.
-template <bool F16 = false>
+template <int NTOK, bool F16 = false>
 __device__ __forceinline__ void load_chunk(const GemvTileParams& p, int kb0, int nbc, const GemvSmem& s) {
   __syncthreads();  // the previous chunk's readers are done
-  quantize_chunk<F16>(p, kb0, nbc, s);
+  quantize_chunk<NTOK, F16>(p, kb0, nbc, s);
   __syncthreads();
   if (p.gamma) {
     accumulate_rms(p, kb0, nbc, s);
