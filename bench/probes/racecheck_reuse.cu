@@ -110,12 +110,12 @@ bool ok(cudaError_t e, const char* what) {
 
 int main(int argc, char** argv) {
   const char* name = argc > 1 ? argv[1] : "reuse";
-  const Mode mode = std::strcmp(name, "alone") == 0      ? kAlone
-                    : std::strcmp(name, "disjoint") == 0 ? kDisjoint
-                    : std::strcmp(name, "written") == 0  ? kWritten
-                    : std::strcmp(name, "stored") == 0   ? kStored
+  const Mode mode = std::strcmp(name, "alone") == 0          ? kAlone
+                    : std::strcmp(name, "disjoint") == 0     ? kDisjoint
+                    : std::strcmp(name, "written") == 0      ? kWritten
+                    : std::strcmp(name, "stored") == 0       ? kStored
                     : std::strcmp(name, "stored_whole") == 0 ? kStoredWhole
-                                                         : kReuse;
+                                                             : kReuse;
   if (argc > 1 && mode == kReuse && std::strcmp(name, "reuse") != 0) {
     std::fprintf(stderr, "usage: encore_racecheck_probe [reuse|alone|disjoint|written|stored|stored_whole]\n");
     return 2;
