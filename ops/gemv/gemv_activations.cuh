@@ -21,48 +21,86 @@ __device__ __forceinline__ void load8(const float* src, float (&v)[8]) {
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
+// One (token t, block j) task's sum of squares for the norm (lane 0 stores it), from x.
+__device__ __forceinline__ void store_block_ss(const GemvTileParams& p, const GemvSmem& s, int t, int j, const float (&v)[8]) {
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
+  ss = device::warp_sum(ss);
+  if (threadIdx.x % 32 == 0) s.block_ss[t * p.chunk_blocks + j] = ss;
+}
+
+// The task's values (x, or x * gamma) quantised into shared memory. F16: the fp16 core's format.
+template <bool F16>
+__device__ __forceinline__ void quantize_task(const GemvSmem& s, int t, int j, float (&v)[8]) {
+  if constexpr (F16)
+    q4k::quantize_act_block_f16(v, s.f16_values(t, j), s.f16_sums_of(t, j), s.f16_scale_of(t, j));
+  else
+    q4k::quantize_act_block(v, s.act_block(t, j));
+}
+
 // Quantises K blocks [kb0, kb0 + nbc) of every active token into shared memory, and (with a norm)
-// each block's sum(x^2). A warp takes (token, block) tasks round robin, kInFlight tasks' loads in
-// flight at once, so the prologue costs about one L2 round trip per kInFlight tasks (the body pulls
-// gamma into L2 before its wait). One token (NTOK 1: at most a few tasks a warp, the first tile of a
-// norm GEMV on the step's critical path): two tasks, gamma loaded with x. More tokens: four tasks,
-// gamma per task after its sum (loading it with x held 32 more registers and spilled inside the
-// cores' loops). F16: the fp16 core's format.
+// each block's sum(x^2), scaling x by gamma. A warp takes (token, block) tasks round robin,
+// kInFlight tasks' loads in flight at once, so the prologue costs about one L2 round trip per
+// kInFlight tasks (the body pulls gamma into L2 before its wait).
+// - One token (a warp has one or two tasks; the first tile of a norm GEMV is on the step's critical
+//   path): two tasks in flight, gamma loaded with x, and a task is its block (no division).
+// - More tokens: four tasks in flight, gamma per task after its sum (with x it held 32 more
+//   registers and spilled inside the cores' loops; block-major shares, each block's gamma loaded
+//   once per warp, measured slower at 16 tokens).
 template <int NTOK, bool F16 = false>
 __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0, int nbc, const GemvSmem& s) {
-  constexpr bool kGammaWithX = NTOK == 1;
-  constexpr int kInFlight = kGammaWithX ? 2 : 4;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tasks = p.batch * nbc;
-  for (int base = warp; base < tasks; base += kWarpsPerBlock * kInFlight) {
-    float v[kInFlight][8], gamma[kInFlight][8];
+  auto x_of = [&](int t, int j) { return p.x + t * p.x_stride + std::int64_t(kb0 + j) * 256 + lane * 8; };
+  auto gamma_of = [&](int j) { return p.gamma + std::int64_t(kb0 + j) * 256 + lane * 8; };
+  if constexpr (NTOK == 1) {
+    constexpr int kInFlight = 2;
+    for (int base = warp; base < tasks; base += kWarpsPerBlock * kInFlight) {
+      float v[kInFlight][8], gamma[kInFlight][8];
 #pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      const int task = base + u * kWarpsPerBlock;
-      if (task >= tasks) break;
-      const int t = task / nbc, j = task % nbc;
-      load8<false>(p.x + t * p.x_stride + std::int64_t(kb0 + j) * 256 + lane * 8, v[u]);
-      if (kGammaWithX && p.gamma) load8<true>(p.gamma + std::int64_t(kb0 + j) * 256 + lane * 8, gamma[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      const int task = base + u * kWarpsPerBlock;
-      if (task >= tasks) break;
-      const int t = task / nbc, j = task % nbc;
-      if (p.gamma) {
-        float ss = 0.f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) ss += v[u][i] * v[u][i];
-        ss = device::warp_sum(ss);
-        if (lane == 0) s.block_ss[t * p.chunk_blocks + j] = ss;
-        if (!kGammaWithX) load8<true>(p.gamma + std::int64_t(kb0 + j) * 256 + lane * 8, gamma[u]);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[u][i] *= gamma[u][i];
+      for (int u = 0; u < kInFlight; ++u) {
+        const int j = base + u * kWarpsPerBlock;  // (token 0)
+        if (j >= tasks) break;
+        load8<false>(x_of(0, j), v[u]);
+        if (p.gamma) load8<true>(gamma_of(j), gamma[u]);
       }
-      if constexpr (F16)
-        q4k::quantize_act_block_f16(v[u], s.f16_values(t, j), s.f16_sums_of(t, j), s.f16_scale_of(t, j));
-      else
-        q4k::quantize_act_block(v[u], s.act_block(t, j));
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const int j = base + u * kWarpsPerBlock;
+        if (j >= tasks) break;
+        if (p.gamma) {
+          store_block_ss(p, s, 0, j, v[u]);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) v[u][i] *= gamma[u][i];
+        }
+        quantize_task<F16>(s, 0, j, v[u]);
+      }
+    }
+  } else {
+    constexpr int kInFlight = 4;
+    for (int base = warp; base < tasks; base += kWarpsPerBlock * kInFlight) {
+      float v[kInFlight][8];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const int task = base + u * kWarpsPerBlock;
+        if (task >= tasks) break;
+        load8<false>(x_of(task / nbc, task % nbc), v[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const int task = base + u * kWarpsPerBlock;
+        if (task >= tasks) break;
+        const int t = task / nbc, j = task % nbc;
+        if (p.gamma) {
+          store_block_ss(p, s, t, j, v[u]);
+          float gamma[8];
+          load8<true>(gamma_of(j), gamma);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) v[u][i] *= gamma[i];
+        }
+        quantize_task<F16>(s, t, j, v[u]);
+      }
     }
   }
 }
