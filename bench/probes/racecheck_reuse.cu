@@ -52,12 +52,12 @@ __device__ float run_body(const char* src, const Body& b) {
     if (lane == 0) barrier_arrive_expect(&bars[slot], b.rows * kRowBytes);
     if (b.whole) {
       if (lane == 0)
-        bulk_copy_to_shared(ring + slot * b.rows * kRowBytes, src + issued % (256 / b.rows) * b.rows * kRowBytes, b.rows * kRowBytes,
-                            &bars[slot]);
+        bulk_copy_to_shared(ring + slot * b.rows * kRowBytes, src + issued % (256 / b.rows) * b.rows * kRowBytes,
+                            b.rows * kRowBytes, &bars[slot]);
     } else {
       for (int r = lane; r < b.rows; r += 32)
-        bulk_copy_to_shared(ring + (slot * b.rows + (r + b.rotate) % b.rows) * kRowBytes, src + (issued * b.rows + r) % 256 * kRowBytes,
-                            kRowBytes, &bars[slot]);
+        bulk_copy_to_shared(ring + (slot * b.rows + (r + b.rotate) % b.rows) * kRowBytes,
+                            src + (issued * b.rows + r) % 256 * kRowBytes, kRowBytes, &bars[slot]);
     }
     ++issued;
   };
@@ -92,7 +92,8 @@ enum Mode { kReuse, kAlone, kDisjoint, kWritten, kStored, kStoredWhole };
 constexpr int kSmemBytes = 64 * 1024;
 
 __global__ void probe_kernel(const char* src, float* out, Mode mode) {
-  float sum = mode == kWritten ? store_body(1024, 24 * 1024) : run_body(src, Body{3, 8, 7, 0, 1024, 0, mode == kStoredWhole});  // 1 KB .. 25 KB
+  // body A: bytes 1 KB .. 25 KB, stored plainly (written) or through a ring of copies
+  float sum = mode == kWritten ? store_body(1024, 24 * 1024) : run_body(src, Body{3, 8, 7, 0, 1024, 0, mode == kStoredWhole});
   between_bodies();
   if (mode == kReuse || mode == kWritten) sum += run_body(src, Body{5, 4, 9, 0, 1024, 1});
   if (mode == kStored || mode == kStoredWhole) sum += store_body(1024, 24 * 1024);

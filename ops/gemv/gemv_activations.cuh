@@ -12,15 +12,6 @@ namespace encore::gemv {
 
 namespace detail {
 
-// Eight consecutive floats from 32-byte aligned memory (kReadOnly: through the read-only path,
-// for weights).
-template <bool kReadOnly>
-__device__ __forceinline__ void load8(const float* src, float (&v)[8]) {
-  const float4* p = reinterpret_cast<const float4*>(src);
-  const float4 a = kReadOnly ? __ldg(p) : p[0], b = kReadOnly ? __ldg(p + 1) : p[1];
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-
 // One (token t, block j) task's sum of squares for the norm (lane 0 stores it), from x.
 __device__ __forceinline__ void store_block_ss(const GemvTileParams& p, const GemvSmem& s, int t, int j, const float (&v)[8]) {
   float ss = 0.f;
@@ -62,8 +53,8 @@ __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0,
       for (int u = 0; u < kInFlight; ++u) {
         const int j = base + u * kWarpsPerBlock;  // (token 0)
         if (j >= tasks) break;
-        load8<false>(x_of(0, j), v[u]);
-        if (p.gamma) load8<true>(gamma_of(j), gamma[u]);
+        device::load_float8(x_of(0, j), v[u]);
+        if (p.gamma) device::ldg_float8(gamma_of(j), gamma[u]);
       }
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
@@ -85,7 +76,7 @@ __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0,
       for (int u = 0; u < kInFlight; ++u) {
         const int task = base + u * kWarpsPerBlock;
         if (task >= tasks) break;
-        load8<false>(x_of(task / nbc, task % nbc), v[u]);
+        device::load_float8(x_of(task / nbc, task % nbc), v[u]);
       }
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
@@ -95,7 +86,7 @@ __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0,
         if (p.gamma) {
           store_block_ss(p, s, t, j, v[u]);
           float gamma[8];
-          load8<true>(gamma_of(j), gamma);
+          device::ldg_float8(gamma_of(j), gamma);
 #pragma unroll
           for (int i = 0; i < 8; ++i) v[u][i] *= gamma[i];
         }

@@ -66,7 +66,8 @@ __device__ __forceinline__ void fill_next_slot(const GemvTileParams& p, WeightPi
     if (lane == 0 && valid > 0)
 #pragma unroll
       for (int m = 0; m < NMAT; ++m)
-        device::bulk_copy_to_shared(dst + m * R * p.row_bytes, p.mat[m] + row0 * p.row_bytes, std::uint32_t(valid) * bytes, bar, policy);
+        device::bulk_copy_to_shared(dst + m * R * p.row_bytes, p.mat[m] + row0 * p.row_bytes, std::uint32_t(valid) * bytes, bar,
+                                    policy);
   } else if (lane < valid) {
     char* dst = pipe.ring + pipe.fill_slot * pipe.slot_size + lane * q4k::slot_pitch(p.slot_blocks);
     const std::int64_t src = (row0 + lane) * p.row_bytes + std::int64_t(pipe.fill_kb) * q4k::kBlockBytes;

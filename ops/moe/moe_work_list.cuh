@@ -301,9 +301,7 @@ __device__ inline void reset_chunk_counters(const ExpertsTileParams& p) {
 
 // Warp-wide: this lane's 8 values of 256-value block b of token t's input row.
 __device__ __forceinline__ void load_h_values(const ExpertsTileParams& p, int t, int b, float (&v)[8]) {
-  const float4* src = reinterpret_cast<const float4*>(p.h + std::int64_t(t) * p.hidden + b * 256 + threadIdx.x % 32 * 8);
-  const float4 a = src[0], c = src[1];
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = c.x, v[5] = c.y, v[6] = c.z, v[7] = c.w;
+  device::load_float8(p.h + std::int64_t(t) * p.hidden + b * 256 + threadIdx.x % 32 * 8, v);
 }
 
 // Warp-wide: a block's sum of squares (lane sums in index order, then a fixed butterfly).
