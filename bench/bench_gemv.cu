@@ -233,8 +233,8 @@ void bench_cublaslt(benchmark::State& state, Shape s, int batch) {
         benchmark::RegisterBenchmark(("gemv/gate_up_q4k_unfused/" + tail).c_str(), bench_gate_up, s, b, false, ops::GemvCore::kAuto)->UseManualTime();
       }
       benchmark::RegisterBenchmark(("gemv/cublaslt_bf16/" + tail).c_str(), bench_cublaslt, s, b)->UseManualTime();
-      if (b >= ops::kGemvMmaMinBatch) {  // the other cores where the int8 mma core is the default
-        for (auto [suffix, core] : {std::pair{"_dp4a", ops::GemvCore::kDp4a}, std::pair{"_f16", ops::GemvCore::kMmaF16}}) {
+      if (b >= ops::kGemvMmaMinBatch) {  // the other cores where the fp16 mma core is the default
+        for (auto [suffix, core] : {std::pair{"_dp4a", ops::GemvCore::kDp4a}, std::pair{"_int8", ops::GemvCore::kMma}}) {
           const std::string name = std::string(suffix) + "/" + tail;
           benchmark::RegisterBenchmark(("gemv/q4k" + name).c_str(), bench_q4k, s, b, true, core)->UseManualTime();
           benchmark::RegisterBenchmark(("gemv/rmsnorm_q4k_fused" + name).c_str(), bench_rmsnorm, s, b, true, core)->UseManualTime();

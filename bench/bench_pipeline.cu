@@ -214,13 +214,13 @@ BENCHMARK_CAPTURE(BM_Decode, kimi_linear_megakernel, DecodeRun{Path::kMegakernel
     ->Arg(1)->Arg(4)->Arg(16)->Arg(32)->Arg(64)->UseManualTime()->Unit(kMicro);
 BENCHMARK_CAPTURE(BM_Decode, kimi_linear_eager, DecodeRun{Path::kEager})->Name("decode/kimi_linear/eager")->Arg(1)
     ->UseManualTime()->Unit(kMicro);
-// The same steps with the fp16 tensor-core GEMV core (8 tokens and up; below, dp4a as by default).
-BENCHMARK_CAPTURE(BM_DecodeStages, kimi_linear_f16, GemvCore::kMmaF16)->Name("decode/kimi_linear/stages_f16")->Arg(16)
+// The same steps with the int8 tensor-core GEMV core (8 tokens and up; the default takes fp16 there).
+BENCHMARK_CAPTURE(BM_DecodeStages, kimi_linear_int8, GemvCore::kMma)->Name("decode/kimi_linear/stages_int8")->Arg(16)
     ->UseManualTime()->Unit(kMicro);
-BENCHMARK_CAPTURE(BM_Decode, kimi_linear_graph_f16, DecodeRun{Path::kGraph, GemvCore::kMmaF16})->Name("decode/kimi_linear/graph_f16")
+BENCHMARK_CAPTURE(BM_Decode, kimi_linear_graph_int8, DecodeRun{Path::kGraph, GemvCore::kMma})->Name("decode/kimi_linear/graph_int8")
     ->Arg(16)->Arg(32)->Arg(64)->UseManualTime()->Unit(kMicro);
-BENCHMARK_CAPTURE(BM_Decode, kimi_linear_megakernel_f16, DecodeRun{Path::kMegakernel, GemvCore::kMmaF16})
-    ->Name("decode/kimi_linear/megakernel_f16")->Arg(16)->Arg(32)->Arg(64)->UseManualTime()->Unit(kMicro);
+BENCHMARK_CAPTURE(BM_Decode, kimi_linear_megakernel_int8, DecodeRun{Path::kMegakernel, GemvCore::kMma})
+    ->Name("decode/kimi_linear/megakernel_int8")->Arg(16)->Arg(32)->Arg(64)->UseManualTime()->Unit(kMicro);
 // The megakernel at two blocks per SM (batches 1 and 2: from 3 the dense down projection's plan
 // needs more than half an SM), on the preset and on the preset with its MLA layers made KDA layers,
 // each beside its graph and one-block megakernel.

@@ -50,10 +50,10 @@ prof_source() {
 
 bench=build/bench/encore_bench
 once=(--benchmark_min_time=0.001 --benchmark_repetitions=1)
-prof lm_head_b16_int8 'gemv_mma_kernel' 2 1 -- $bench --benchmark_filter='^gemv/q4k/kimi_lm_head_163840x2304/b16/' "${once[@]}"
-prof lm_head_b16_f16 'gemv_mma_kernel' 2 1 -- $bench --benchmark_filter='^gemv/q4k_f16/kimi_lm_head_163840x2304/b16/' "${once[@]}"
+prof lm_head_b16_int8 'gemv_mma_kernel' 2 1 -- $bench --benchmark_filter='^gemv/q4k_int8/kimi_lm_head_163840x2304/b16/' "${once[@]}"
+prof lm_head_b16_f16 'gemv_mma_kernel' 2 1 -- $bench --benchmark_filter='^gemv/q4k/kimi_lm_head_163840x2304/b16/' "${once[@]}"
 prof lm_head_b1_dp4a 'gemv_kernel' 2 1 -- $bench --benchmark_filter='^gemv/q4k/kimi_lm_head_163840x2304/b1/' "${once[@]}"
-prof qkv_b16_f16 'gemv_mma_kernel' 2 1 -- $bench --benchmark_filter='^gemv/q4k_f16/kimi_qkv_4096x2304/b16/' "${once[@]}"
+prof qkv_b16_f16 'gemv_mma_kernel' 2 1 -- $bench --benchmark_filter='^gemv/q4k/kimi_qkv_4096x2304/b16/' "${once[@]}"
 prof moe_experts_b1 'moe_(gate_up|down)_kernel' 4 2 -- $bench --benchmark_filter='^BM_moe_kimi_experts/1/' "${once[@]}"
 prof megakernel_b1 'megakernel' 2 1 -- build/bench/encore_ab --batches 1 --contexts 4096 --long 0 --steps 1 --rounds 1 \
     --out "$out/ab_profile"

@@ -186,12 +186,19 @@ bool plan_mma(GemvTileParams& p, int ntok, int nmat, int sms, int k_parts, bool 
   return true;
 }
 
-// Whether a tensor-core core runs ntok tokens: from kGemvMmaMinBatch tokens (their 8 / 16 tiers):
-// the int8 one when asked or by default, the fp16 one when asked, if its plan fits; sets p's plan then.
+// Whether a tensor-core core runs ntok tokens (their 8 / 16 tiers), if its plan fits; sets p's plan
+// then. Asked for, the named core; by default from kGemvMmaMinBatch tokens, the fp16 one (faster on
+// every Kimi shape at 8 and 16 tokens: docs/q4k.md §9.3), else the int8 one where fp16's does not fit.
 bool plan_mma_if_chosen(GemvTileParams& p, int ntok, int nmat, const GemvLaunch& launch, int sms) {
-  const bool f16 = launch.core == GemvCore::kMmaF16;
-  const bool wanted = f16 || launch.core == GemvCore::kMma || (launch.core == GemvCore::kAuto && p.batch >= kGemvMmaMinBatch);
-  return ntok >= 8 && wanted && plan_mma(p, ntok, nmat, sms, launch.mma_k_parts, f16);
+  if (ntok < 8) return false;
+  const int parts = launch.mma_k_parts;
+  switch (launch.core) {
+    case GemvCore::kMmaF16: return plan_mma(p, ntok, nmat, sms, parts, true);
+    case GemvCore::kMma: return plan_mma(p, ntok, nmat, sms, parts, false);
+    case GemvCore::kAuto:
+      return p.batch >= kGemvMmaMinBatch && (plan_mma(p, ntok, nmat, sms, parts, true) || plan_mma(p, ntok, nmat, sms, parts, false));
+    default: return false;
+  }
 }
 
 // The device-dependent plan (row split, slots) of p for ntok tokens and its shared memory.

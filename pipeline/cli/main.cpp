@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
   generate->add_option("--batch", g.batch, "rows, each fed the same prompt")->check(CLI::Range(1, encore::pipeline::kMaxPipelineBatch))->capture_default_str();
   generate->add_option("--path", g.path, "decode path")->check(CLI::IsMember({"graph", "megakernel"}))->capture_default_str();
   generate->add_option("--logits-out", g.logits_out, "write every step's fp32 logits, raw little-endian [step][batch][vocab]");
-  generate->add_option("--gemv-core", g.gemv_core, "the Q4_K GEMVs' core (f16: the fp16 tensor-core core, 5+ rows)")
+  generate->add_option("--gemv-core", g.gemv_core, "the Q4_K GEMVs' core (auto: fp16 tensor cores from 5 rows; int8: int8 tensor cores there)")
       ->check(CLI::IsMember({"auto", "dp4a", "int8", "f16"}))
       ->capture_default_str();
 

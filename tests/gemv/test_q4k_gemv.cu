@@ -293,12 +293,13 @@ TEST_P(GateUpQ4kGemvTest, MatchesReference) {
 
 // The issue's grid: N in {1, 37, 4096} x K in {256, 2304, 4096, 14336} x batch {1, 3, 16}; the
 // lm_head-like N = 163840 runs at its real K = 2304 only (at K = 14336 the matrix is 1.3 GB and the
-// fp64 references cost tens of GFLOP per case). Batches 5 and 16 run the mma core by default,
+// fp64 references cost tens of GFLOP per case). Batches 5 and 16 run the fp16 mma core by default,
 // except where its activations do not fit one chunk (K = 14336; gate/up at K = 4096 and 16
 // tokens), which run dp4a: ops::q4k_gemv_core says which, and Q4kGemvCore.ChoiceByBatchAndK pins
-// it. The Dp4a suites force the dp4a core where the mma core is the default.
+// it. The Dp4a and Int8 suites force the other cores where the fp16 one is the default.
 const auto kShapes = grid({1, 37, 4096}, {256, 2304, 4096, 14336}, {1, 3, 5, 16});
 const auto kDp4aShapes = grid({37, 4096}, {256, 2304, 14336}, {5, 16}, ops::GemvCore::kDp4a);
+const auto kInt8Shapes = grid({1, 37, 4096}, {256, 2304, 4096}, {5, 16}, ops::GemvCore::kMma);
 // A tensor-core core at every K split of its row groups (1, 2, 4, 8 warps per group; n = 37 leaves
 // partial groups and tiles, K = 256 leaves warps without K blocks).
 std::vector<Case> parts_shapes(ops::GemvCore core) {
@@ -312,21 +313,24 @@ std::vector<Case> parts_shapes(ops::GemvCore core) {
 }
 const auto kMmaPartsShapes = parts_shapes(ops::GemvCore::kMma);
 // The fp16 core (forced): 5, 8, 12 (the 16-token tier with pad tokens) and 16 tokens (gate/up at
-// K = 4096 and 16 tokens falls back to dp4a, as Q4kGemvCore.Fp16CoreWhenAskedAndItFits pins). Then
+// K = 4096 and 16 tokens falls back to dp4a, as Q4kGemvCore.Fp16CoreWhereItFits pins). Then
 // every K split, as for the int8 core.
 const auto kF16Shapes = grid({1, 37, 4096}, {256, 2304, 4096}, {5, 8, 12, 16}, ops::GemvCore::kMmaF16);
 const auto kF16PartsShapes = parts_shapes(ops::GemvCore::kMmaF16);
 INSTANTIATE_TEST_SUITE_P(Shapes, Q4kGemvTest, testing::ValuesIn(kShapes), case_name);
 INSTANTIATE_TEST_SUITE_P(Dp4a, Q4kGemvTest, testing::ValuesIn(kDp4aShapes), case_name);
+INSTANTIATE_TEST_SUITE_P(Int8, Q4kGemvTest, testing::ValuesIn(kInt8Shapes), case_name);
 INSTANTIATE_TEST_SUITE_P(MmaParts, Q4kGemvTest, testing::ValuesIn(kMmaPartsShapes), case_name);
 INSTANTIATE_TEST_SUITE_P(LmHead, Q4kGemvTest, testing::ValuesIn(grid({163840}, {2304}, {1, 3, 16})), case_name);
 INSTANTIATE_TEST_SUITE_P(Shapes, RmsNormQ4kGemvTest, testing::ValuesIn(kShapes), case_name);
 INSTANTIATE_TEST_SUITE_P(Dp4a, RmsNormQ4kGemvTest, testing::ValuesIn(kDp4aShapes), case_name);
+INSTANTIATE_TEST_SUITE_P(Int8, RmsNormQ4kGemvTest, testing::ValuesIn(kInt8Shapes), case_name);
 INSTANTIATE_TEST_SUITE_P(MmaParts, RmsNormQ4kGemvTest, testing::ValuesIn(kMmaPartsShapes), case_name);
 INSTANTIATE_TEST_SUITE_P(LmHead, RmsNormQ4kGemvTest, testing::ValuesIn(grid({163840}, {2304}, {1, 16})), case_name);
 INSTANTIATE_TEST_SUITE_P(Shapes, GateUpQ4kGemvTest, testing::ValuesIn(grid({1, 37, 1024, 4096}, {256, 2304, 4096, 14336}, {1, 3, 5, 16})),
                          case_name);
 INSTANTIATE_TEST_SUITE_P(Dp4a, GateUpQ4kGemvTest, testing::ValuesIn(kDp4aShapes), case_name);
+INSTANTIATE_TEST_SUITE_P(Int8, GateUpQ4kGemvTest, testing::ValuesIn(kInt8Shapes), case_name);
 INSTANTIATE_TEST_SUITE_P(MmaParts, GateUpQ4kGemvTest, testing::ValuesIn(kMmaPartsShapes), case_name);
 INSTANTIATE_TEST_SUITE_P(F16, Q4kGemvTest, testing::ValuesIn(kF16Shapes), case_name);
 INSTANTIATE_TEST_SUITE_P(F16Parts, Q4kGemvTest, testing::ValuesIn(kF16PartsShapes), case_name);
@@ -372,7 +376,7 @@ TEST_P(Q4kGemvDeterminism, RepeatsAndGraphReplaysAreBitIdentical) {
   cudaStreamDestroy(stream);
 }
 INSTANTIATE_TEST_SUITE_P(Cores, Q4kGemvDeterminism,
-                         testing::Values(Case{4096, 2304, 3}, Case{4096, 2304, 16}, Case{4096, 2304, 16, ops::GemvCore::kMmaF16}),
+                         testing::Values(Case{4096, 2304, 3}, Case{4096, 2304, 16}, Case{4096, 2304, 16, ops::GemvCore::kMma}),
                          case_name);
 
 // y += W x in place (residual == y).

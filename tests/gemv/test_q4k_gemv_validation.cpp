@@ -160,9 +160,10 @@ TEST(Q4kGemvValidation, LaunchOptions) {
   }
 }
 
-// Which core the launcher runs: the GPU suites' batch 5 and 16 cases are the mma core's except
-// where its activations do not fit one shared-memory chunk (gate/up at K = 4096 and 16 tokens,
-// K = 14336); their Dp4a suites force the other core.
+// Which core the launcher runs: the GPU suites' batch 5 and 16 cases are the fp16 mma core's
+// except where its activations do not fit one shared-memory chunk (gate/up at K = 4096 and 16
+// tokens, K = 14336); the int8 core takes the shapes where only its plan fits. Their Dp4a and Int8
+// suites force the other cores.
 TEST(Q4kGemvCore, ChoiceByBatchAndK) {
   using ops::GemvCore;
   EXPECT_EQ(ops::q4k_gemv_core(2304, 1, 1), GemvCore::kDp4a);
@@ -171,18 +172,24 @@ TEST(Q4kGemvCore, ChoiceByBatchAndK) {
     for (int batch : {5, 16})
       for (int nmat : {1, 2}) {
         const bool fits = !(k == 4096 && batch == 16 && nmat == 2);
-        EXPECT_EQ(ops::q4k_gemv_core(k, batch, nmat), fits ? GemvCore::kMma : GemvCore::kDp4a) << k << " " << batch << " " << nmat;
+        EXPECT_EQ(ops::q4k_gemv_core(k, batch, nmat), fits ? GemvCore::kMmaF16 : GemvCore::kDp4a) << k << " " << batch << " " << nmat;
       }
   EXPECT_EQ(ops::q4k_gemv_core(14336, 5, 1), GemvCore::kDp4a);
+  // Where only one tensor-core plan fits, the default takes it: int8 (1.5 bytes a value) at
+  // K = 5632 and 16 tokens; fp16 (one-block ring slots) for gate/up at K = 3072 and 16 tokens.
+  EXPECT_EQ(ops::q4k_gemv_core(5632, 16, 1, GemvCore::kMmaF16), GemvCore::kDp4a);
+  EXPECT_EQ(ops::q4k_gemv_core(5632, 16, 1), GemvCore::kMma);
+  EXPECT_EQ(ops::q4k_gemv_core(3072, 16, 2, GemvCore::kMma), GemvCore::kDp4a);
+  EXPECT_EQ(ops::q4k_gemv_core(3072, 16, 2), GemvCore::kMmaF16);
   EXPECT_EQ(ops::q4k_gemv_core(2304, 16, 1, GemvCore::kDp4a), GemvCore::kDp4a);
   EXPECT_EQ(ops::q4k_gemv_core(2304, 3, 1, GemvCore::kMma), GemvCore::kDp4a);  // below its 8-token tier
   EXPECT_EQ(ops::q4k_gemv_core(2304, 5, 2, GemvCore::kMma), GemvCore::kMma);
   EXPECT_EQ(ops::q4k_gemv_core(1000, 16, 1), GemvCore::kDp4a);  // invalid dims: nothing runs
 }
 
-// The fp16 core runs only when asked, from its 8-token tier, where its activations (2 bytes a
+// The fp16 core, asked for or by default, from its 8-token tier, where its activations (2 bytes a
 // value, more than int8's 1.5) fit one chunk beside the ring (of one-block slots if need be).
-TEST(Q4kGemvCore, Fp16CoreWhenAskedAndItFits) {
+TEST(Q4kGemvCore, Fp16CoreWhereItFits) {
   using ops::GemvCore;
   for (std::int64_t k : {256, 2304, 4096, 14336})
     for (int batch : {1, 3, 5, 8, 16})
@@ -190,7 +197,7 @@ TEST(Q4kGemvCore, Fp16CoreWhenAskedAndItFits) {
         const GemvCore got = ops::q4k_gemv_core(k, batch, nmat, GemvCore::kMmaF16);
         const bool fits = batch >= 5 && (k <= 2304 || (k == 4096 && (batch <= 8 || nmat == 1)));
         EXPECT_EQ(got, fits ? GemvCore::kMmaF16 : GemvCore::kDp4a) << k << " " << batch << " " << nmat;
-        EXPECT_NE(ops::q4k_gemv_core(k, batch, nmat), GemvCore::kMmaF16);  // never the default
+        if (fits) EXPECT_EQ(ops::q4k_gemv_core(k, batch, nmat), GemvCore::kMmaF16) << k << " " << batch << " " << nmat;
       }
 }
 

@@ -204,7 +204,7 @@ INSTANTIATE_TEST_SUITE_P(Tiny, MegakernelTwoPerSm,
                          });
 
 // Beyond 16 rows (the GEMVs in stages of 16 rows, the last one partly pad rows): the tiny model
-// at 40 rows, every row its own slot and pages; on the default GEMV core and on the fp16 one.
+// at 40 rows, every row its own slot and pages; on the default GEMV core and on the int8 one.
 TEST(MegakernelTinyWide, MatchesTheGraphBitForBit) {
   ENCORE_REQUIRE_GPU();
   BufferOptions o;
@@ -216,7 +216,7 @@ TEST(MegakernelTinyWide, MatchesTheGraphBitForBit) {
   const std::uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(seed);
   ENCORE_OK(p->fill_random_weights(seed, stream));
-  for (ops::GemvCore core : {ops::GemvCore::kAuto, ops::GemvCore::kMmaF16}) {
+  for (ops::GemvCore core : {ops::GemvCore::kAuto, ops::GemvCore::kMma}) {
     SCOPED_TRACE(int(core));
     ENCORE_OK(p->set_gemv_core(core));
     DecodeGraph graph;
@@ -230,7 +230,7 @@ TEST(MegakernelTinyWide, MatchesTheGraphBitForBit) {
 }
 
 // The Kimi-Linear preset (random weights of the real shapes, ~28 GB) at batch 1, 16 and 64, and at
-// 16 on the fp16 GEMV core.
+// 16 on the int8 GEMV core.
 TEST(MegakernelKimi, MatchesTheGraphBitForBit) {
   ENCORE_REQUIRE_GPU();
   BufferOptions o;
@@ -247,9 +247,9 @@ TEST(MegakernelKimi, MatchesTheGraphBitForBit) {
     ops::GemvCore core;
   };
   for (const Point& at : {Point{1, ops::GemvCore::kAuto}, Point{16, ops::GemvCore::kAuto}, Point{64, ops::GemvCore::kAuto},
-                          Point{16, ops::GemvCore::kMmaF16}}) {
+                          Point{16, ops::GemvCore::kMma}}) {
     const int batch = at.batch;
-    SCOPED_TRACE(std::to_string(batch) + (at.core == ops::GemvCore::kMmaF16 ? " rows, fp16 GEMV core" : " rows"));
+    SCOPED_TRACE(std::to_string(batch) + (at.core == ops::GemvCore::kMma ? " rows, int8 GEMV core" : " rows"));
     ENCORE_OK(p->set_batch(batch));
     ENCORE_OK(p->set_gemv_core(at.core));
     DecodeGraph graph;

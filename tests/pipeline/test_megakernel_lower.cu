@@ -107,21 +107,26 @@ TEST(MegakernelLower, ProgramsAreSoundMinimalAndOrdered) {
                         {"kimi b16", ModelConfig::kimi_linear_48b(), 16, 16},
                         {"tiny b40 (GEMVs in stages of 16)", ModelConfig::tiny(), 40, 40},
                         {"kimi b64", ModelConfig::kimi_linear_48b(), 64, 64},
-                        {"kimi b16, fp16 GEMV core", ModelConfig::kimi_linear_48b(), 16, 16, ops::GemvCore::kMmaF16},
-                        {"kimi b64, fp16 GEMV core", ModelConfig::kimi_linear_48b(), 64, 64, ops::GemvCore::kMmaF16}};
+                        {"kimi b16, int8 GEMV core", ModelConfig::kimi_linear_48b(), 16, 16, ops::GemvCore::kMma},
+                        {"kimi b64, int8 GEMV core", ModelConfig::kimi_linear_48b(), 64, 64, ops::GemvCore::kMma}};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const std::vector<Stage> stages = stages_of(c.config, c.batch, c.max_batch, c.core);
     const Program p = lowered(stages);
     // The GEMVs run the core the graph path's launchers run for the same stages.
-    int gemvs = 0, f16 = 0;
+    // By default the fp16 core from kGemvMmaMinBatch rows, int8 when asked, dp4a below.
+    int gemvs = 0, f16 = 0, int8 = 0;
     for (const Instruction& ins : p.instructions)
-      if (ins.h.op == Opcode::kGemv) ++gemvs, f16 += ins.params.gemv.p.mma && ins.params.gemv.p.mma_f16;
-    if (c.core == ops::GemvCore::kMmaF16) {
-      EXPECT_GE(f16, gemvs * 9 / 10) << "of " << gemvs;  // the rest: shapes whose activations do not fit (dp4a)
-    } else {
-      EXPECT_EQ(f16, 0);
-    }
+      if (ins.h.op == Opcode::kGemv) {
+        ++gemvs;
+        f16 += ins.params.gemv.p.mma && ins.params.gemv.p.mma_f16;
+        int8 += ins.params.gemv.p.mma && !ins.params.gemv.p.mma_f16;
+      }
+    const bool wide = c.batch >= ops::kGemvMmaMinBatch;
+    // (the rest: shapes whose activations do not fit one chunk, on dp4a)
+    EXPECT_GE(c.core == ops::GemvCore::kMma ? int8 : f16, wide ? gemvs * 9 / 10 : 0) << "of " << gemvs;
+    EXPECT_EQ(c.core == ops::GemvCore::kMma ? f16 : int8, 0);
+    if (!wide) EXPECT_EQ(f16 + int8, 0);
     ASSERT_FALSE(p.instructions.empty());
     EXPECT_EQ(p.grid, kH200.sms);
     EXPECT_LE(p.smem, kH200.smem_per_block);

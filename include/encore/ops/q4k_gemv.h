@@ -67,7 +67,7 @@ struct GateUpQ4kGemvParams {
 // order of their fp32 sums; the fp16 core quantises them to fp16. Results agree to rounding, not
 // bit for bit.
 enum class GemvCore {
-  kAuto,  // dp4a below kGemvMmaMinBatch tokens, int8 mma from there (when its plan fits)
+  kAuto,  // dp4a below kGemvMmaMinBatch tokens, fp16 mma from there (else int8 mma, else dp4a: the first whose plan fits)
   kDp4a,  // dp4a on CUDA cores, every batch
   kMma,   // int8 mma.sync (docs/q4k.md §9) for batches of 5..16 tokens (its 8 / 16 tiers); dp4a below
   // fp16 mma.sync on sc * q weights and scaled fp16 activations (docs/q4k.md §9.2), 5..16 tokens;
