@@ -14,6 +14,15 @@ __device__ __forceinline__ float warp_sum(float x) {
   for (int m = Width / 2; m > 0; m >>= 1) x += __shfl_xor_sync(0xFFFFFFFFu, x, m);
   return x;
 }
+// warp_sum of N values at once, each butterfly step for all of them before the next (their
+// shuffle chains overlap); each value's order is warp_sum's.
+template <int N, int Width = 32>
+__device__ __forceinline__ void warp_sums(float (&x)[N]) {
+#pragma unroll
+  for (int m = Width / 2; m > 0; m >>= 1)
+#pragma unroll
+    for (int u = 0; u < N; ++u) x[u] += __shfl_xor_sync(0xFFFFFFFFu, x[u], m);
+}
 template <int Width = 32>
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll

@@ -20,13 +20,9 @@ using gemv::GemvTileParams;
 constexpr std::size_t kSmemTwoPerSm = 113 * 1024;
 constexpr std::size_t kSmemOnePerSm = 227 * 1024;
 
-// Bodies with up to 4 accumulators per lane fit two blocks per SM (when shared memory allows); the
-// others need the registers (several rows per group).
 template <int NTOK, int NMAT>
-constexpr int kMinBlocksPerSm = NTOK * NMAT * gemv::rows_per_group(NTOK, NMAT) >= 8 ? 1 : 2;
-
-template <int NTOK, int NMAT>
-__global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm<NTOK, NMAT>) gemv_kernel(const __grid_constant__ GemvTileParams p) {
+__global__ void __launch_bounds__(kBlockThreads, gemv::kMinBlocksPerSm<NTOK, NMAT, gemv::Core::kDp4a>)
+    gemv_kernel(const __grid_constant__ GemvTileParams p) {
   extern __shared__ __align__(16) char smem[];
   // The first `slots` weight copies of every warp are in flight before the wait for the
   // upstream kernel (weights never depend on it); the ring is the prefetch.
@@ -35,13 +31,9 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm<NTOK, NMAT>) ge
 }
 
 // The tensor-core cores (8 or 16 tokens): row groups of kMmaTileRows rows, each group's K split
-// over its warps. The fp16 core's per-block accumulators need more than half the register file
-// from 16 (token, matrix) pairs; at that size its activations leave room for one block per SM anyway.
+// over its warps.
 template <int NTOK, int NMAT, gemv::Core C>
-constexpr int kMmaMinBlocksPerSm = C == gemv::Core::kMmaF16 && NTOK * NMAT >= 16 ? 1 : 2;
-
-template <int NTOK, int NMAT, gemv::Core C>
-__global__ void __launch_bounds__(kBlockThreads, kMmaMinBlocksPerSm<NTOK, NMAT, C>) gemv_mma_kernel(const __grid_constant__ GemvTileParams p) {
+__global__ void __launch_bounds__(kBlockThreads, gemv::kMinBlocksPerSm<NTOK, NMAT, C>) gemv_mma_kernel(const __grid_constant__ GemvTileParams p) {
   extern __shared__ __align__(16) char smem[];
   device::PdlWait wait;
   gemv::gemv_body<NTOK, NMAT, C>(p, device::GridRange{}, smem, wait);

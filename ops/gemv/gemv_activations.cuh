@@ -30,16 +30,40 @@ __device__ __forceinline__ void quantize_task(const GemvSmem& s, int t, int j, f
     q4k::quantize_act_block(v, s.act_block(t, j));
 }
 
+// N tasks' values v[u] quantised at once (quantize_act_blocks: each step for all N before the
+// next, so their shuffle chains overlap); live[u] false skips task u (warp-uniform).
+template <bool F16, int N>
+__device__ __forceinline__ void quantize_tasks(const GemvSmem& s, const int (&t)[N], const int (&j)[N], const bool (&live)[N],
+                                               const float (&v)[N][8]) {
+  if constexpr (F16) {
+    char* values[N];
+    char* sums[N];
+    float* scales[N];
+#pragma unroll
+    for (int u = 0; u < N; ++u) values[u] = s.f16_values(t[u], j[u]), sums[u] = s.f16_sums_of(t[u], j[u]), scales[u] = s.f16_scale_of(t[u], j[u]);
+    q4k::quantize_act_blocks_f16<N>(v, live, values, sums, scales);
+  } else {
+    char* out[N];
+#pragma unroll
+    for (int u = 0; u < N; ++u) out[u] = s.act_block(t[u], j[u]);
+    q4k::quantize_act_blocks<N>(v, live, out);
+  }
+}
+
 // Quantises K blocks [kb0, kb0 + nbc) of every active token into shared memory, and (with a norm)
 // each block's sum(x^2), scaling x by gamma. A warp takes (token, block) tasks round robin,
 // kInFlight tasks' loads in flight at once, so the prologue costs about one L2 round trip per
 // kInFlight tasks (the body pulls gamma into L2 before its wait).
 // - One token (a warp has one or two tasks; the first tile of a norm GEMV is on the step's critical
 //   path): two tasks in flight, gamma loaded with x, and a task is its block (no division).
-// - More tokens: four tasks in flight, gamma per task after its sum (with x it held 32 more
+// - More tokens, kStaged (where the registers are not bounded for two blocks per SM): four tasks
+//   in flight, each step of their chains (sums of squares, gamma's loads, the quantiser's
+//   shuffles) for all four before the next, so the chains overlap and gamma costs one L2 round
+//   trip per four tasks; one division a round.
+// - Else four tasks in flight, gamma per task after its sum (with x, or staged, it held 32 more
 //   registers and spilled inside the cores' loops; block-major shares, each block's gamma loaded
 //   once per warp, measured slower at 16 tokens).
-template <int NTOK, bool F16 = false>
+template <int NTOK, bool F16, bool kStaged>
 __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0, int nbc, const GemvSmem& s) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tasks = p.batch * nbc;
@@ -67,6 +91,49 @@ __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0,
         }
         quantize_task<F16>(s, 0, j, v[u]);
       }
+    }
+  } else if constexpr (kStaged) {
+    constexpr int kInFlight = 4;
+    for (int base = warp; base < tasks; base += kWarpsPerBlock * kInFlight) {
+      // Task base + u * kWarpsPerBlock is (token t[u], block j[u]).
+      int t[kInFlight], j[kInFlight];
+      bool live[kInFlight];
+      float v[kInFlight][8];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        if (u == 0) {
+          t[0] = base / nbc, j[0] = base % nbc;
+        } else {
+          t[u] = t[u - 1], j[u] = j[u - 1] + kWarpsPerBlock;
+          while (j[u] >= nbc) j[u] -= nbc, ++t[u];
+        }
+        live[u] = base + u * kWarpsPerBlock < tasks;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[u][i] = 0.f;
+        if (live[u]) device::load_float8(x_of(t[u], j[u]), v[u]);
+      }
+      if (p.gamma) {
+        float ss[kInFlight], gamma[kInFlight][8];
+#pragma unroll
+        for (int u = 0; u < kInFlight; ++u) {
+          ss[u] = 0.f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) ss[u] += v[u][i] * v[u][i];
+        }
+        device::warp_sums(ss);
+#pragma unroll
+        for (int u = 0; u < kInFlight; ++u) {
+          if (!live[u]) continue;
+          if (lane == 0) s.block_ss[t[u] * p.chunk_blocks + j[u]] = ss[u];
+          device::ldg_float8(gamma_of(j[u]), gamma[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kInFlight; ++u)
+          if (live[u])
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[u][i] *= gamma[u][i];
+      }
+      quantize_tasks<F16>(s, t, j, live, v);
     }
   } else {
     constexpr int kInFlight = 4;
@@ -142,10 +209,10 @@ __device__ __forceinline__ void store_normalized(const GemvTileParams& p, const 
 }
 
 // Quantises chunk [kb0, kb0 + nbc) of the activations (and its RMS sums) unless they are cached.
-template <int NTOK, bool F16 = false>
+template <int NTOK, bool F16, bool kStaged>
 __device__ __forceinline__ void load_chunk(const GemvTileParams& p, int kb0, int nbc, const GemvSmem& s) {
   __syncthreads();  // the previous chunk's readers are done
-  quantize_chunk<NTOK, F16>(p, kb0, nbc, s);
+  quantize_chunk<NTOK, F16, kStaged>(p, kb0, nbc, s);
   __syncthreads();
   if (p.gamma) {
     accumulate_rms(p, kb0, nbc, s);

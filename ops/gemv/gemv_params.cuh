@@ -144,6 +144,20 @@ struct GemvSmem {
 
 // The dot-product core a plan runs.
 enum class Core { kDp4a, kMmaS8, kMmaF16 };
+
+// Blocks per SM a standalone kernel's registers are bounded for. dp4a bodies with up to 4
+// accumulators per lane fit two (when shared memory allows); the others need the registers
+// (several rows per group). The fp16 core's accumulators need more than half the register file
+// from 16 (token, matrix) pairs; at that size its activations leave room for one block anyway.
+template <int NTOK, int NMAT, Core C>
+inline constexpr int kMinBlocksPerSm = C == Core::kDp4a ? (NTOK * NMAT * rows_per_group(NTOK, NMAT) >= 8 ? 1 : 2)
+                                       : C == Core::kMmaF16 && NTOK * NMAT >= 16 ? 1
+                                                                                 : 2;
+// Whether the activation prologue stages its tasks' chains (detail::quantize_chunk): from two
+// tokens where the registers are not bounded for two blocks per SM (gamma for four tasks spilled
+// there).
+template <int NTOK, int NMAT, Core C>
+inline constexpr bool kPrologueStaged = NTOK > 1 && kMinBlocksPerSm<NTOK, NMAT, C> == 1;
 __host__ __device__ inline Core core_of(const GemvTileParams& p) {
   return !p.mma ? Core::kDp4a : p.mma_f16 ? Core::kMmaF16 : Core::kMmaS8;
 }

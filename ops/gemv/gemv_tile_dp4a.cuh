@@ -60,7 +60,7 @@ __device__ void gemv_tile(const GemvTileParams& p, std::int64_t tile, const Gemv
 
   for (int kb0 = 0; kb0 < p.k_blocks; kb0 += p.chunk_blocks) {
     const int nbc = min(p.chunk_blocks, p.k_blocks - kb0);
-    if (quantize) detail::load_chunk<NTOK>(p, kb0, nbc, s);
+    if (quantize) detail::load_chunk<NTOK, false, kPrologueStaged<NTOK, NMAT, Core::kDp4a>>(p, kb0, nbc, s);
     for (int ks0 = kb0; ks0 < kb0 + nbc; ks0 += p.slot_blocks) {
       const int nb = min(p.slot_blocks, p.k_blocks - ks0);
       const std::uint64_t before = ks0 == 0 && device::marking(wait) ? device::global_ns() : 0;

@@ -76,7 +76,7 @@ __device__ __forceinline__ void run_mma_tile(const GemvTileParams& p, std::int64
   WeightPipe& pipe = state.pipe;
   const std::uint64_t policy = q4k::evict_first_policy();
   if (!state.act_cached) {
-    load_chunk<NTOK, F16>(p, 0, p.k_blocks, s);
+    load_chunk<NTOK, F16, kPrologueStaged<NTOK, NMAT, F16 ? Core::kMmaF16 : Core::kMmaS8>>(p, 0, p.k_blocks, s);
     if constexpr (F16)
       zero_missing_tokens_f16(p, NTOK, s);
     else

@@ -21,21 +21,16 @@
 
 namespace encore::q4k {
 
-// Quantises 8 consecutive values v[0..7] at positions 8*lane .. 8*lane+7 of one 256-value block,
-// cooperatively with the other 31 lanes: writes the block's 512 value bytes, its lane-t sums
-// entries (sums: 4 x 8 bytes) and its scale.
-__device__ __forceinline__ void quantize_act_block_f16(const float (&v)[8], char* values, char* sums, float* scale) {
-  const int lane = threadIdx.x % 32;
-  float amax = 0.f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));
-  const int s = f16_scale_exponent((__float_as_int(amax) >> 23) & 0xFF);
-  const float up = __int_as_float((127 + s) << 23), down = __int_as_float((127 - s) << 23);
+namespace detail {
 
+// Lane's part of a block once the block's amax is known: its 8 values scaled by 2^s and rounded to
+// fp16 into `values`, and their fp32 sum (the sub-block sum's lane part); returns 2^-s.
+__device__ __forceinline__ float store_f16_values(const float (&v)[8], float amax, char* values, float& sum) {
+  const int lane = threadIdx.x % 32;
+  const int s = f16_scale_exponent((__float_as_int(amax) >> 23) & 0xFF);
+  const float up = __int_as_float((127 + s) << 23);
   __half x[8];
-  float sum = 0.f;
+  sum = 0.f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     x[i] = __float2half_rn(v[i] * up);
@@ -49,9 +44,12 @@ __device__ __forceinline__ void quantize_act_block_f16(const float (&v)[8], char
     for (int i = 0; i < 4; ++i) slots[f16_value_slot(i)] = x[4 * w + i];
     *reinterpret_cast<uint2*>(values + f16_value_byte_offset(8 * lane + 4 * w)) = *reinterpret_cast<const uint2*>(slots);
   }
-  // Sub-block j = lane / 4: the 4 lanes' sums in a fixed butterfly (the same on every lane).
-  sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
-  sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
+  return __int_as_float((127 - s) << 23);
+}
+
+// The sub-block's sum (after the 4 lanes' butterfly) as its hi / lo pair, and the block's scale.
+__device__ __forceinline__ void store_f16_sums(float sum, float down, char* sums, float* scale) {
+  const int lane = threadIdx.x % 32;
   if (lane % 4 == 0) {
     const int j = lane / 4;
     const float scaled = sum * (1.f / 32.f);
@@ -60,6 +58,57 @@ __device__ __forceinline__ void quantize_act_block_f16(const float (&v)[8], char
     *reinterpret_cast<__half*>(sums + f16_sum_offset(j, 1)) = lo;
   }
   if (lane == 0) *scale = down;
+}
+
+__device__ __forceinline__ float lane_amax(const float (&v)[8]) {
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  return amax;
+}
+
+}  // namespace detail
+
+// Quantises 8 consecutive values v[0..7] at positions 8*lane .. 8*lane+7 of one 256-value block,
+// cooperatively with the other 31 lanes: writes the block's 512 value bytes, its lane-t sums
+// entries (sums: 4 x 8 bytes) and its scale.
+__device__ __forceinline__ void quantize_act_block_f16(const float (&v)[8], char* values, char* sums, float* scale) {
+  float amax = detail::lane_amax(v);
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));
+  float sum;
+  const float down = detail::store_f16_values(v, amax, values, sum);
+  // Sub-block j = lane / 4: the 4 lanes' sums in a fixed butterfly (the same on every lane).
+  sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
+  sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
+  detail::store_f16_sums(sum, down, sums, scale);
+}
+
+// quantize_act_block_f16 for N blocks at once (block u: v[u] into values[u], sums[u], scale[u]),
+// each step for all N before the next so that their shuffle chains overlap; a block's arithmetic
+// is the same. Blocks with live[u] false (warp-uniform) are skipped.
+template <int N>
+__device__ __forceinline__ void quantize_act_blocks_f16(const float (&v)[N][8], const bool (&live)[N], char* const (&values)[N],
+                                                        char* const (&sums)[N], float* const (&scale)[N]) {
+  float amax[N], sum[N], down[N];
+#pragma unroll
+  for (int u = 0; u < N; ++u) amax[u] = detail::lane_amax(v[u]);
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1)
+#pragma unroll
+    for (int u = 0; u < N; ++u) amax[u] = fmaxf(amax[u], __shfl_xor_sync(0xFFFFFFFFu, amax[u], m));
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    sum[u] = 0.f, down[u] = 0.f;
+    if (live[u]) down[u] = detail::store_f16_values(v[u], amax[u], values[u], sum[u]);
+  }
+#pragma unroll
+  for (int m = 1; m <= 2; m <<= 1)
+#pragma unroll
+    for (int u = 0; u < N; ++u) sum[u] += __shfl_xor_sync(0xFFFFFFFFu, sum[u], m);
+#pragma unroll
+  for (int u = 0; u < N; ++u)
+    if (live[u]) detail::store_f16_sums(sum[u], down[u], sums[u], scale[u]);
 }
 
 }  // namespace encore::q4k

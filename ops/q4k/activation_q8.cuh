@@ -23,22 +23,21 @@ __device__ __forceinline__ ActBlockView act_block(const char* base) {
   return {reinterpret_cast<const std::int8_t*>(base), reinterpret_cast<const float4*>(base + 256)};
 }
 
-// Quantises 8 consecutive values v[0..7] at positions 8*lane .. 8*lane+7 of one 256-value block,
-// cooperatively with the other 31 lanes of the warp, into `out` (kActBlockBytes). Rounding: codes
-// round half to even of v * (127 / amax); d = amax / 127; amax = 0 gives codes 0 and d = 0.
-// ref::quantize_activations mirrors this exactly.
-__device__ __forceinline__ void quantize_act_block(const float (&v)[8], char* out) {
-  const int lane = threadIdx.x % 32;
-  float amax = 0.f, sum = 0.f;
+namespace detail {
+
+// Lane's 8 values' amax and sum.
+__device__ __forceinline__ void lane_amax_sum(const float (&v)[8], float& amax, float& sum) {
+  amax = 0.f, sum = 0.f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     amax = fmaxf(amax, fabsf(v[i]));
     sum += v[i];
   }
-  // 4 lanes form a 32-value sub-block, 2 lanes a 16-value half.
-  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
-  const float partner_sum = __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
+}
+
+// Lane's codes and meta entries once its sub-block's amax and its partner lane's sum are known.
+__device__ __forceinline__ void store_act_lane(const float (&v)[8], float amax, float sum, float partner_sum, char* out) {
+  const int lane = threadIdx.x % 32;
   const float half_sum = (lane & 1) ? partner_sum + sum : sum + partner_sum;  // lower lane's part first
   const float inv = amax > 0.f ? 127.f / amax : 0.f;
   const float d = amax / 127.f;
@@ -60,6 +59,41 @@ __device__ __forceinline__ void quantize_act_block(const float (&v)[8], char* ou
     meta[(2 * (sub_block / 2)) * 4 + half] = d;
     meta[(2 * (sub_block / 2) + 1) * 4 + half] = d;
   }
+}
+
+}  // namespace detail
+
+// Quantises 8 consecutive values v[0..7] at positions 8*lane .. 8*lane+7 of one 256-value block,
+// cooperatively with the other 31 lanes of the warp, into `out` (kActBlockBytes). Rounding: codes
+// round half to even of v * (127 / amax); d = amax / 127; amax = 0 gives codes 0 and d = 0.
+// ref::quantize_activations mirrors this exactly.
+__device__ __forceinline__ void quantize_act_block(const float (&v)[8], char* out) {
+  float amax, sum;
+  detail::lane_amax_sum(v, amax, sum);
+  // 4 lanes form a 32-value sub-block, 2 lanes a 16-value half.
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+  const float partner_sum = __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
+  detail::store_act_lane(v, amax, sum, partner_sum, out);
+}
+
+// quantize_act_block for N blocks at once (block u: v[u] into out[u]), each step for all N before
+// the next so that their shuffle chains overlap; a block's arithmetic is the same. Blocks with
+// live[u] false (warp-uniform) are skipped.
+template <int N>
+__device__ __forceinline__ void quantize_act_blocks(const float (&v)[N][8], const bool (&live)[N], char* const (&out)[N]) {
+  float amax[N], sum[N], partner_sum[N];
+#pragma unroll
+  for (int u = 0; u < N; ++u) detail::lane_amax_sum(v[u], amax[u], sum[u]);
+#pragma unroll
+  for (int u = 0; u < N; ++u) amax[u] = fmaxf(amax[u], __shfl_xor_sync(0xFFFFFFFFu, amax[u], 1));
+#pragma unroll
+  for (int u = 0; u < N; ++u) amax[u] = fmaxf(amax[u], __shfl_xor_sync(0xFFFFFFFFu, amax[u], 2));
+#pragma unroll
+  for (int u = 0; u < N; ++u) partner_sum[u] = __shfl_xor_sync(0xFFFFFFFFu, sum[u], 1);
+#pragma unroll
+  for (int u = 0; u < N; ++u)
+    if (live[u]) detail::store_act_lane(v[u], amax[u], sum[u], partner_sum[u], out[u]);
 }
 
 }  // namespace encore::q4k
