@@ -12,12 +12,17 @@ namespace encore::gemv {
 
 namespace detail {
 
-// One (token t, block j) task's sum of squares for the norm (lane 0 stores it), from x.
-__device__ __forceinline__ void store_block_ss(const GemvTileParams& p, const GemvSmem& s, int t, int j, const float (&v)[8]) {
+// This lane's part of a task's sum of squares (its 8 values in order).
+__device__ __forceinline__ float lane_sum_squares(const float (&v)[8]) {
   float ss = 0.f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
-  ss = device::warp_sum(ss);
+  return ss;
+}
+
+// One (token t, block j) task's sum of squares for the norm (lane 0 stores it), from x.
+__device__ __forceinline__ void store_block_ss(const GemvTileParams& p, const GemvSmem& s, int t, int j, const float (&v)[8]) {
+  const float ss = device::warp_sum(lane_sum_squares(v));
   if (threadIdx.x % 32 == 0) s.block_ss[t * p.chunk_blocks + j] = ss;
 }
 
@@ -115,11 +120,7 @@ __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0,
       if (p.gamma) {
         float ss[kInFlight], gamma[kInFlight][8];
 #pragma unroll
-        for (int u = 0; u < kInFlight; ++u) {
-          ss[u] = 0.f;
-#pragma unroll
-          for (int i = 0; i < 8; ++i) ss[u] += v[u][i] * v[u][i];
-        }
+        for (int u = 0; u < kInFlight; ++u) ss[u] = lane_sum_squares(v[u]);
         device::warp_sums(ss);
 #pragma unroll
         for (int u = 0; u < kInFlight; ++u) {
