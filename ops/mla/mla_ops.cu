@@ -63,9 +63,10 @@ __global__ void __launch_bounds__(kBlockThreads) mla_combine_kernel(const __grid
   encore::device::allow_downstream();
 }
 
+template <int kTok>
 __global__ void __launch_bounds__(kBlockThreads) mla_v_up_kernel(const __grid_constant__ MlaVUpParams p) {
   encore::device::PdlWait wait{false};
-  mla_v_up_body(p, encore::device::GridRange{}, wait);
+  mla_v_up_body<kTok>(p, encore::device::GridRange{}, wait);
   encore::device::allow_downstream();
 }
 
@@ -121,7 +122,8 @@ int mla_v_up_num_tiles(const MlaVUpParams& p) { return p.num_heads * VUpConfig::
 Status mla_v_up(const MlaVUpParams& p, cudaStream_t stream) {
   ENCORE_RETURN_IF_ERROR(mla_validate(p));
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
-  return detail::launch(mla_v_up_kernel, grid_for(mla_v_up_num_tiles(p), 4), 0, stream, true, "mla_v_up_kernel", p);
+  auto* kernel = p.batch == 1 ? mla_v_up_kernel<v_up_tokens_per_round(1)> : mla_v_up_kernel<v_up_tokens_per_round(2)>;
+  return detail::launch(kernel, grid_for(mla_v_up_num_tiles(p), 4), 0, stream, true, "mla_v_up_kernel", p);
 }
 
 }  // namespace encore::ops

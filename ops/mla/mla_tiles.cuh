@@ -180,8 +180,10 @@ __device__ inline void mla_q_absorb_tile(const MlaQAbsorbParams& p, int tile, ch
           p.q + std::int64_t(n0 + t) * p.q_stride + std::int64_t(head) * kMlaQHeadDim + 4 * k4);
     }
     __syncthreads();
-    // Thread (col, half) computes tokens half*16 .. +15 of the chunk, four at a time.
-    for (int t0 = half * (Cfg::kTokenChunk / 2); t0 < min(chunk_tokens, (half + 1) * (Cfg::kTokenChunk / 2)); t0 += 4) {
+    // Thread (col, half) computes its half of the chunk's groups of four tokens (both halves busy
+    // from 5 tokens), four tokens at a time.
+    const int groups = (chunk_tokens + 3) / 4, per_half = (groups + 1) / 2;
+    for (int t0 = 4 * half * per_half; t0 < min(chunk_tokens, 4 * (half + 1) * per_half); t0 += 4) {
       float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 8
       for (int i = 0; i < kMlaNopeDim; ++i) {
@@ -245,10 +247,15 @@ struct VUpConfig {
   static constexpr int kRows = 32;
   static constexpr int kGroups = kMlaVHeadDim / kRows;
   static constexpr int kRowsPerWarp = kRows / kWarpsPerBlock;  // 4
+  static_assert(kRowsPerWarp == 4, "a warp's rows are stored as one float4 a token");
 };
 
+// Tokens a V up-projection round takes: 4 from two tokens, 1 at one token (no code for absent
+// tokens where batch 1 runs alone: the megakernel's one-token tier and the launcher at batch 1).
+constexpr int v_up_tokens_per_round(int batch) { return batch == 1 ? 1 : 4; }
+
 // The tile loads its weights, then calls wait() (o_lat comes from the combine).
-template <class Wait>
+template <int kTok, class Wait>
 __device__ inline void mla_v_up_tile(const MlaVUpParams& p, int tile, Wait& wait) {
   using Cfg = VUpConfig;
   const int head = tile / Cfg::kGroups, group = tile % Cfg::kGroups;
@@ -263,34 +270,40 @@ __device__ inline void mla_v_up_tile(const MlaVUpParams& p, int tile, Wait& wait
     for (int h = 0; h < 2; ++h)
       w[r][h] = *reinterpret_cast<const uint4*>(w_uv + std::int64_t(r) * kMlaLatentDim + h * 256 + lane * 8);
   wait();
-  for (int n = 0; n < p.batch; ++n) {
-    const float* o = p.o_lat + (std::int64_t(n) * p.num_heads + head) * kMlaLatentDim;
-    float x[2][8];
+  // kTok tokens a round: their o_lat loads in flight together, their 4 x kTok row sums' shuffles
+  // interleaved (each sum's order is warp_sum's, whatever the batch or kTok).
+  for (int n0 = 0; n0 < p.batch; n0 += kTok) {
+    float x[kTok][2][8];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float4 lo = *reinterpret_cast<const float4*>(o + h * 256 + lane * 8);
-      const float4 hi = *reinterpret_cast<const float4*>(o + h * 256 + lane * 8 + 4);
-      x[h][0] = lo.x, x[h][1] = lo.y, x[h][2] = lo.z, x[h][3] = lo.w;
-      x[h][4] = hi.x, x[h][5] = hi.y, x[h][6] = hi.z, x[h][7] = hi.w;
+    for (int u = 0; u < kTok; ++u) {
+      const int n = min(n0 + u, p.batch - 1);  // (past the batch: the last token again, not stored)
+      const float* o = p.o_lat + (std::int64_t(n) * p.num_heads + head) * kMlaLatentDim;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) device::load_float8(o + h * 256 + lane * 8, x[u][h]);
     }
-    float dot[Cfg::kRowsPerWarp];
+    float dot[kTok * Cfg::kRowsPerWarp];
 #pragma unroll
-    for (int r = 0; r < Cfg::kRowsPerWarp; ++r) {
-      dot[r] = 0.f;
+    for (int u = 0; u < kTok; ++u)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const __nv_bfloat162* wv = reinterpret_cast<const __nv_bfloat162*>(&w[r][h]);
+      for (int r = 0; r < Cfg::kRowsPerWarp; ++r) {
+        float& d = dot[u * Cfg::kRowsPerWarp + r];
+        d = 0.f;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 f = __bfloat1622float2(wv[e]);
-          dot[r] += f.x * x[h][2 * e] + f.y * x[h][2 * e + 1];
+        for (int h = 0; h < 2; ++h) {
+          const __nv_bfloat162* wv = reinterpret_cast<const __nv_bfloat162*>(&w[r][h]);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float2 f = __bfloat1622float2(wv[e]);
+            d += f.x * x[u][h][2 * e] + f.y * x[u][h][2 * e + 1];
+          }
         }
       }
-      dot[r] = device::warp_sum(dot[r]);
-    }
-    if (lane == 0)
-      *reinterpret_cast<float4*>(p.out + std::int64_t(n) * p.num_heads * kMlaVHeadDim + head * kMlaVHeadDim + row0) =
-          make_float4(dot[0], dot[1], dot[2], dot[3]);
+    device::warp_sums(dot);
+#pragma unroll
+    for (int u = 0; u < kTok; ++u)
+      if (lane == 0 && n0 + u < p.batch)
+        *reinterpret_cast<float4*>(p.out + std::int64_t(n0 + u) * p.num_heads * kMlaVHeadDim + head * kMlaVHeadDim + row0) =
+            make_float4(dot[4 * u], dot[4 * u + 1], dot[4 * u + 2], dot[4 * u + 3]);  // (kRowsPerWarp == 4)
   }
 }
 
@@ -331,10 +344,10 @@ __device__ inline void mla_combine_body(const MlaAttentionParams& p, const Range
   for (int tile = r.first(); tile < tiles; tile += r.stride()) mla_combine_tile(p, tile, smem);
 }
 
-template <class Range, class Wait>
+template <int kTok, class Range, class Wait>
 __device__ inline void mla_v_up_body(const MlaVUpParams& p, const Range& r, Wait& wait) {
   const int tiles = p.num_heads * VUpConfig::kGroups;
-  for (int tile = r.first(); tile < tiles; tile += r.stride()) mla_v_up_tile(p, tile, wait);
+  for (int tile = r.first(); tile < tiles; tile += r.stride()) mla_v_up_tile<kTok>(p, tile, wait);
 }
 
 }  // namespace encore::mla

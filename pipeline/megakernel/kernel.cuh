@@ -246,7 +246,7 @@ __device__ __noinline__ void run_op(int slot, const TileRange r, CounterWait& wa
     mla::mla_combine_body(p, r, smem, wait);
   } else if constexpr (kOp == Opcode::kMlaVUp) {
     const ops::MlaVUpParams& p = ins.params.mla_v_up;
-    mla::mla_v_up_body(p, r, wait);
+    mla::mla_v_up_body<NTOK>(p, r, wait);
   } else if constexpr (kOp == Opcode::kRouterGemv) {
     const moe::RouterGemvParams& p = ins.params.router_gemv;
     moe::router_gemv_body<router_tokens_per_round(NTOK)>(p, r, wait);
@@ -288,7 +288,7 @@ __device__ __forceinline__ void run(int slot, Opcode op, const TileRange r, Coun
     case Opcode::kMlaKvAppend: return run_op<Opcode::kMlaKvAppend>(slot, r, wait);
     case Opcode::kMlaSplitKv: return run_op<Opcode::kMlaSplitKv>(slot, r, wait);
     case Opcode::kMlaCombine: return run_op<Opcode::kMlaCombine>(slot, r, wait);
-    case Opcode::kMlaVUp: return run_op<Opcode::kMlaVUp>(slot, r, wait);
+    case Opcode::kMlaVUp: return run_op<Opcode::kMlaVUp, mla::v_up_tokens_per_round(NTOK)>(slot, r, wait);
     // (one instantiation per distinct round: the tiers above it share it)
     case Opcode::kRouterGemv: return run_op<Opcode::kRouterGemv, router_tokens_per_round(NTOK)>(slot, r, wait);
     case Opcode::kRouterTopk: return run_op<Opcode::kRouterTopk>(slot, r, wait);
