@@ -99,9 +99,20 @@ struct Activations {
   }
 };
 
+// The launch options for `core`, with the activation image (GemvLaunch::act_image) in `image`
+// when it is given.
+struct LaunchOf {
+  DeviceMemory image;
+  ops::GemvLaunch launch;
+  LaunchOf(ops::GemvCore core, bool with_image) : image(with_image ? ops::kGemvActImageBytes : 16) {
+    launch.core = core;
+    if (with_image) launch.act_image = image.as(), launch.act_image_bytes = ops::kGemvActImageBytes;
+  }
+};
+
 // y = W x with the plain op (also the second half of the unfused chains).
 void plain_gemv(const q4k::Block* w, const float* x, float* y, const Shape& s, int batch, cudaStream_t stream,
-                ops::GemvCore core = ops::GemvCore::kAuto) {
+                const ops::GemvLaunch& launch = {}) {
   ops::Q4kGemvParams p;
   p.weight = w;
   p.x = x;
@@ -109,23 +120,25 @@ void plain_gemv(const q4k::Block* w, const float* x, float* y, const Shape& s, i
   p.n = s.n;
   p.k = s.k;
   p.batch = batch;
-  check(ops::q4k_gemv(p, stream, {true, core}));
+  check(ops::q4k_gemv(p, stream, launch));
 }
 
-void bench_q4k(benchmark::State& state, Shape s, int batch, bool rotate, ops::GemvCore core) {
+void bench_q4k(benchmark::State& state, Shape s, int batch, bool rotate, ops::GemvCore core, bool image) {
   const double bytes = double(q4k::row_bytes(s.k)) * s.n;
   const int copies = rotate ? rotation_count(std::size_t(bytes)) : 1;
   Q4kWeights w(s.n, s.k, copies, 1);
   Activations a(s.n, s.k, batch);
-  time_graph(state, [&](int i, cudaStream_t st) { plain_gemv(w.copy(i), a.x.as<float>(), a.y.as<float>(), s, batch, st, core); },
+  const LaunchOf l(core, image);
+  time_graph(state, [&](int i, cudaStream_t st) { plain_gemv(w.copy(i), a.x.as<float>(), a.y.as<float>(), s, batch, st, l.launch); },
              graph_calls(copies), bytes);
 }
 
-void bench_rmsnorm(benchmark::State& state, Shape s, int batch, bool fused, ops::GemvCore core) {
+void bench_rmsnorm(benchmark::State& state, Shape s, int batch, bool fused, ops::GemvCore core, bool image) {
   const double bytes = double(q4k::row_bytes(s.k)) * s.n;
   const int copies = rotation_count(std::size_t(bytes));
   Q4kWeights w(s.n, s.k, copies, 2);
   Activations a(s.n, s.k, batch);
+  const LaunchOf l(core, image);
   time_graph(state, [&](int i, cudaStream_t st) {
     if (fused) {
       ops::RmsNormQ4kGemvParams p;
@@ -136,10 +149,10 @@ void bench_rmsnorm(benchmark::State& state, Shape s, int batch, bool fused, ops:
       p.n = s.n;
       p.k = s.k;
       p.batch = batch;
-      check(ops::rmsnorm_q4k_gemv(p, st, {true, core}));
+      check(ops::rmsnorm_q4k_gemv(p, st, l.launch));
     } else {
       rmsnorm_kernel<<<batch, 256, 0, st>>>(a.x.as<float>(), a.gamma.as<float>(), a.tmp.as<float>(), int(s.k), 1e-5f);
-      plain_gemv(w.copy(i), a.tmp.as<float>(), a.y.as<float>(), s, batch, st, core);
+      plain_gemv(w.copy(i), a.tmp.as<float>(), a.y.as<float>(), s, batch, st, l.launch);
     }
   }, graph_calls(copies), bytes);
 }
@@ -225,19 +238,24 @@ void bench_cublaslt(benchmark::State& state, Shape s, int batch) {
   for (const Shape& s : kShapes)
     for (int b : kBatches) {
       const std::string tail = std::string(s.name) + "/b" + std::to_string(b);
-      benchmark::RegisterBenchmark(("gemv/q4k/" + tail).c_str(), bench_q4k, s, b, true, ops::GemvCore::kAuto)->UseManualTime();
-      benchmark::RegisterBenchmark(("gemv/rmsnorm_q4k_fused/" + tail).c_str(), bench_rmsnorm, s, b, true, ops::GemvCore::kAuto)->UseManualTime();
-      benchmark::RegisterBenchmark(("gemv/rmsnorm_q4k_unfused/" + tail).c_str(), bench_rmsnorm, s, b, false, ops::GemvCore::kAuto)->UseManualTime();
+      benchmark::RegisterBenchmark(("gemv/q4k/" + tail).c_str(), bench_q4k, s, b, true, ops::GemvCore::kAuto, false)->UseManualTime();
+      benchmark::RegisterBenchmark(("gemv/rmsnorm_q4k_fused/" + tail).c_str(), bench_rmsnorm, s, b, true, ops::GemvCore::kAuto, false)->UseManualTime();
+      benchmark::RegisterBenchmark(("gemv/rmsnorm_q4k_unfused/" + tail).c_str(), bench_rmsnorm, s, b, false, ops::GemvCore::kAuto, false)->UseManualTime();
       if (s.gate_up) {
         benchmark::RegisterBenchmark(("gemv/gate_up_q4k_fused/" + tail).c_str(), bench_gate_up, s, b, true, ops::GemvCore::kAuto)->UseManualTime();
         benchmark::RegisterBenchmark(("gemv/gate_up_q4k_unfused/" + tail).c_str(), bench_gate_up, s, b, false, ops::GemvCore::kAuto)->UseManualTime();
       }
       benchmark::RegisterBenchmark(("gemv/cublaslt_bf16/" + tail).c_str(), bench_cublaslt, s, b)->UseManualTime();
+      if (b >= ops::kGemvMmaMinBatch && !s.gate_up) {  // with the activation image (the fp16 core's launches)
+        benchmark::RegisterBenchmark(("gemv/q4k_image/" + tail).c_str(), bench_q4k, s, b, true, ops::GemvCore::kAuto, true)->UseManualTime();
+        benchmark::RegisterBenchmark(("gemv/rmsnorm_q4k_fused_image/" + tail).c_str(), bench_rmsnorm, s, b, true, ops::GemvCore::kAuto, true)
+            ->UseManualTime();
+      }
       if (b >= ops::kGemvMmaMinBatch) {  // the other cores where the fp16 mma core is the default
         for (auto [suffix, core] : {std::pair{"_dp4a", ops::GemvCore::kDp4a}, std::pair{"_int8", ops::GemvCore::kMma}}) {
           const std::string name = std::string(suffix) + "/" + tail;
-          benchmark::RegisterBenchmark(("gemv/q4k" + name).c_str(), bench_q4k, s, b, true, core)->UseManualTime();
-          benchmark::RegisterBenchmark(("gemv/rmsnorm_q4k_fused" + name).c_str(), bench_rmsnorm, s, b, true, core)->UseManualTime();
+          benchmark::RegisterBenchmark(("gemv/q4k" + name).c_str(), bench_q4k, s, b, true, core, false)->UseManualTime();
+          benchmark::RegisterBenchmark(("gemv/rmsnorm_q4k_fused" + name).c_str(), bench_rmsnorm, s, b, true, core, false)->UseManualTime();
           if (s.gate_up)
             benchmark::RegisterBenchmark(("gemv/gate_up_q4k_fused" + name).c_str(), bench_gate_up, s, b, true, core)->UseManualTime();
         }
@@ -248,7 +266,7 @@ void bench_cublaslt(benchmark::State& state, Shape s, int batch) {
                                           [](const Shape& s) { return std::string(s.name) == "llama_down_4096x14336"; });
   for (int b : {1, 8})
     benchmark::RegisterBenchmark(("gemv/q4k_not_rotated/" + std::string(llama_down.name) + "/b" + std::to_string(b)).c_str(),
-                                 bench_q4k, llama_down, b, false, ops::GemvCore::kAuto)->UseManualTime();
+                                 bench_q4k, llama_down, b, false, ops::GemvCore::kAuto, false)->UseManualTime();
   return true;
 }();
 

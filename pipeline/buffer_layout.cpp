@@ -94,6 +94,9 @@ Status build_buffer_layout(const ModelConfig& c, const BufferOptions& o, TensorA
   if (c.count(Attention::kMla) > 0) ENCORE_RETURN_IF_ERROR(add_mla_buffers(c, o, b));
   if (c.count(Mlp::kDense) > 0) ENCORE_RETURN_IF_ERROR(b.add("mlp.mid", DType::kF32, {G, c.dense_width}));
   if (c.count(Mlp::kMoe) > 0) ENCORE_RETURN_IF_ERROR(add_moe_buffers(c, o, b));
+  // The graph path's GEMVs on tensor-core tiers quantise x once into this scratch (GemvLaunch::act_image).
+  if (o.max_batch >= ops::kGemvMmaMinBatch)
+    ENCORE_RETURN_IF_ERROR(b.add("gemv.act_image", DType::kU8, {std::int64_t(ops::kGemvActImageBytes)}));
   return b.add("logits", DType::kF32, {G, c.vocab});
 }
 

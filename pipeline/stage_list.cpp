@@ -14,7 +14,8 @@ namespace {
 class Builder {
  public:
   Builder(const StageListInputs& in, std::vector<Stage>& out)
-      : in_(in), c_(*in.config), o_(*in.options), B_(in.batch ? in.batch : in.options->max_batch), out_(out) {}
+      : in_(in), c_(*in.config), o_(*in.options), B_(in.batch ? in.batch : in.options->max_batch), out_(out),
+        act_image_(B_ >= ops::kGemvMmaMinBatch ? buffer<void>("gemv.act_image") : nullptr) {}
 
   void build() {
     push(StageKind::kEmbed, StageRole::kEmbed, -1, &StageParams::embed) =
@@ -65,6 +66,7 @@ class Builder {
     s.params.*member = P{};
     s.kind = kind, s.role = role, s.layer = layer, s.joins_previous = joins_previous;
     s.gemv_core = o_.gemv_core;
+    s.gemv_act_image = act_image_;
     out_.push_back(s);
     return out_.back().params.*member;
   }
@@ -242,6 +244,7 @@ class Builder {
   const BufferOptions& o_;
   const int B_;
   std::vector<Stage>& out_;
+  void* const act_image_;  // Stage::gemv_act_image
 };
 
 }  // namespace

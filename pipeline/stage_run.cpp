@@ -12,11 +12,12 @@ namespace encore::pipeline {
 
 Status run_stage(const Stage& s, cudaStream_t stream) {
   const StageParams& p = s.params;
+  const ops::GemvLaunch gemv{true, s.gemv_core, 0, s.gemv_act_image, s.gemv_act_image ? ops::kGemvActImageBytes : 0};
   switch (s.kind) {
     case StageKind::kEmbed: return embed(p.embed, stream);
-    case StageKind::kRmsNormGemv: return ops::rmsnorm_q4k_gemv(p.rms_gemv, stream, {true, s.gemv_core});
-    case StageKind::kGemv: return ops::q4k_gemv(p.gemv, stream, {true, s.gemv_core});
-    case StageKind::kGateUpGemv: return ops::gate_up_q4k_gemv(p.gate_up, stream, {true, s.gemv_core});
+    case StageKind::kRmsNormGemv: return ops::rmsnorm_q4k_gemv(p.rms_gemv, stream, gemv);
+    case StageKind::kGemv: return ops::q4k_gemv(p.gemv, stream, gemv);
+    case StageKind::kGateUpGemv: return ops::gate_up_q4k_gemv(p.gate_up, stream, gemv);
     case StageKind::kKda: return ops::kda(p.kda, stream);
     case StageKind::kMlaSched: return ops::mla_sched(p.mla_sched, stream);
     case StageKind::kMlaQAbsorb: return ops::mla_q_absorb(p.mla_q_absorb, stream);

@@ -212,6 +212,8 @@ Status check_options(const GemvLaunch& options) {
                      options.mma_k_parts == 8,
                  StatusCode::kInvalidArgument, "q4k gemv: GemvLaunch::mma_k_parts must be 0 (auto), 1, 2, 4 or 8 (got ",
                  options.mma_k_parts, ")");
+  ENCORE_REQUIRE(reinterpret_cast<std::uintptr_t>(options.act_image) % 16 == 0, StatusCode::kInvalidArgument,
+                 "q4k gemv: GemvLaunch::act_image must be 16-byte aligned");
   return {};
 }
 
@@ -240,14 +242,39 @@ auto kernel_of(const gemv::GemvPlan& plan) {
   return kernel;
 }
 
+// The activation image (GemvLaunch::act_image): every block's activation region of plan p (the
+// fp16 core, one matrix) written once at the offsets of a block's shared memory, a task per warp
+// over the whole grid (the blocks' own prologue spreads the same tasks over one block's warps).
+template <int NTOK>
+__global__ void __launch_bounds__(kBlockThreads) gemv_image_kernel(const __grid_constant__ GemvTileParams p, char* image) {
+  const gemv::GemvSmem s(image, p, NTOK, 1, true);
+  device::wait_for_upstream();
+  device::allow_downstream();  // (the GEMV's wait is for this whole grid)
+  const int warps = int(gridDim.x) * kWarpsPerBlock, warp = int(blockIdx.x) * kWarpsPerBlock + int(threadIdx.x / 32);
+  gemv::detail::quantize_chunk<NTOK, true, gemv::kPrologueStaged<NTOK, 1, gemv::Core::kMmaF16>>(p, 0, p.k_blocks, s, warp, warps);
+  if (blockIdx.x == 0 && p.batch < NTOK) gemv::detail::zero_missing_tokens_f16(p, NTOK, s);
+}
+
 Status launch_gemv(const GemvTileParams& p, int nmat, cudaStream_t stream, GemvLaunch options) {
   ENCORE_RETURN_IF_ERROR(check_options(options));  // (before the stream: bad options fail without a device)
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   const int sms = detail::sm_count();
   gemv::GemvPlan plan;
   ENCORE_RETURN_IF_ERROR(plan_params(p, nmat, options, sms, &plan));
+  const bool image = options.act_image && nmat == 1 && gemv::core_of(plan.params) == gemv::Core::kMmaF16;
+  ENCORE_REQUIRE(!image || options.act_image_bytes >= plan.smem, StatusCode::kInvalidArgument, "q4k gemv: GemvLaunch::act_image_bytes = ",
+                 options.act_image_bytes, ", this launch's image takes ", plan.smem);
   return dispatch_tokens(p.batch, [&](auto ntok) -> Status {
-    auto kernel = kernel_of<decltype(ntok)::value>(plan);
+    constexpr int kTok = decltype(ntok)::value;
+    if constexpr (kTok >= 8) {  // (the mma cores' tiers)
+      if (image) {
+        const int tasks = plan.params.batch * plan.params.k_blocks;
+        ENCORE_RETURN_IF_ERROR(detail::launch(gemv_image_kernel<kTok>, (tasks + kWarpsPerBlock - 1) / kWarpsPerBlock, 0, stream,
+                                              options.pdl, "q4k gemv image kernel", plan.params, static_cast<char*>(options.act_image)));
+        plan.params.act_image = static_cast<const char*>(options.act_image);
+      }
+    }
+    auto kernel = kernel_of<kTok>(plan);
     if (plan.smem > 48 * 1024)
       ENCORE_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem)));
     int per_sm = 0;

@@ -69,11 +69,15 @@ __device__ __forceinline__ void quantize_tasks(const GemvSmem& s, const int (&t)
 //   registers and spilled inside the cores' loops; block-major shares, each block's gamma loaded
 //   once per warp, measured slower at 16 tokens).
 template <int NTOK, bool F16, bool kStaged>
-__device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0, int nbc, const GemvSmem& s) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+__device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0, int nbc, const GemvSmem& s,
+                                               int warp = int(threadIdx.x / 32), int kWarpsPerBlock = encore::kWarpsPerBlock) {
+  const int lane = threadIdx.x % 32;
   const int tasks = p.batch * nbc;
   auto x_of = [&](int t, int j) { return p.x + t * p.x_stride + std::int64_t(kb0 + j) * 256 + lane * 8; };
   auto gamma_of = [&](int j) { return p.gamma + std::int64_t(kb0 + j) * 256 + lane * 8; };
+#if ENCORE_EXP_PROLOGUE == 1  // a probe (docs/q4k.md §9.4): the multi-token GEMVs' time without their prologue; wrong outputs
+  if constexpr (NTOK > 1) return;
+#endif
   if constexpr (NTOK == 1) {
     constexpr int kInFlight = 2;
     for (int base = warp; base < tasks; base += kWarpsPerBlock * kInFlight) {
@@ -207,6 +211,28 @@ __device__ __forceinline__ void store_normalized(const GemvTileParams& p, const 
   for (int t = 0; t < p.batch; ++t)
     for (std::int64_t j = threadIdx.x; j < k; j += kBlockThreads)
       p.normalized[t * k + j] = p.x[t * p.x_stride + j] * s.inv_rms[t] * p.gamma[j];
+}
+
+// The activation region of a block's shared memory: act .. the end of block_ss (16-byte multiple).
+__host__ __device__ inline std::size_t image_begin(const GemvSmem& s) { return std::size_t(s.act - reinterpret_cast<char*>(s.bars)); }
+__host__ __device__ inline std::size_t image_bytes(const GemvSmem& s) {
+  const char* end = reinterpret_cast<const char*>(s.block_ss + std::size_t(s.tokens) * s.chunk_blocks);
+  return (std::size_t(end - s.act) + 15) / 16 * 16;
+}
+
+// Copies the prepared activation region (p.act_image) into shared memory, then the RMS sums.
+__device__ __forceinline__ void copy_image(const GemvTileParams& p, const GemvSmem& s) {
+  __syncthreads();
+  const std::size_t begin = image_begin(s), bytes = image_bytes(s);
+  const std::uint32_t dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(s.act));
+  for (std::size_t i = threadIdx.x * 16; i < bytes; i += kBlockThreads * 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + std::uint32_t(i)), "l"(p.act_image + begin + i) : "memory");
+  asm volatile("cp.async.commit_group;\ncp.async.wait_all;" ::: "memory");
+  __syncthreads();
+  if (p.gamma) {
+    accumulate_rms(p, 0, p.k_blocks, s);
+    __syncthreads();
+  }
 }
 
 // Quantises chunk [kb0, kb0 + nbc) of the activations (and its RMS sums) unless they are cached.

@@ -44,6 +44,9 @@ struct GemvTileParams {
   bool mma;                   // a tensor-core core: row groups of kMmaTileRows rows, K split over the warps
   bool mma_f16;               // with mma: the fp16 core (fp16 activations, sc * q weights), else int8
   int mma_part_bits;          // mma cores: log2 of the warps per row group (K parts: 1, 2, 4 or 8)
+  // mma cores, optional: the block's activation region (GemvSmem act .. block_ss, at the offsets of
+  // a block's shared memory) prepared once by the image kernel; copied instead of quantised.
+  const char* act_image;
 };
 
 inline constexpr int kMaxTokens = 16;

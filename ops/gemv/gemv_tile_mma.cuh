@@ -75,7 +75,9 @@ __device__ __forceinline__ void run_mma_tile(const GemvTileParams& p, std::int64
   static_assert(NTOK % 8 == 0, "the mma cores take 8-token tiles");
   WeightPipe& pipe = state.pipe;
   const std::uint64_t policy = q4k::evict_first_policy();
-  if (!state.act_cached) {
+  if (!state.act_cached && F16 && NMAT == 1 && p.act_image) {  // (the launcher sets an image for these only)
+    copy_image(p, s);
+  } else if (!state.act_cached) {
     load_chunk<NTOK, F16, kPrologueStaged<NTOK, NMAT, F16 ? Core::kMmaF16 : Core::kMmaS8>>(p, 0, p.k_blocks, s);
     if constexpr (F16)
       zero_missing_tokens_f16(p, NTOK, s);

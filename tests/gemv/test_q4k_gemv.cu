@@ -425,5 +425,58 @@ TEST(Q4kGemvValidationGpu, FailedStreamIsRejected) {
   for (float v : p.dy.download()) ASSERT_TRUE(std::isnan(v));
 }
 
+// The activation image (GemvLaunch::act_image: x quantised once by a kernel of its own, copied by
+// every block) gives the bits of the blocks' own prologue: y with a residual, and the norm's
+// normalized rows. Launches it does not apply to (dp4a at 3 tokens) ignore it.
+class Q4kGemvImage : public testing::TestWithParam<Case> {};
+TEST_P(Q4kGemvImage, CopiedImageGivesTheSameBits) {
+  ENCORE_REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  Problem p(GetParam(), false, rng);
+  test::DeviceBuffer<std::uint8_t> image(ops::kGemvActImageBytes);
+  test::DeviceBuffer<float> normalized(std::size_t(p.c.batch) * p.c.k);
+  ops::GemvLaunch with_image;
+  with_image.act_image = image.get(), with_image.act_image_bytes = ops::kGemvActImageBytes;
+  for (bool norm : {false, true}) {
+    ops::Q4kGemvParams a = p.plain_params();
+    a.residual = p.dresidual.get();
+    ops::RmsNormQ4kGemvParams r;
+    r.weight = a.weight, r.x = a.x, r.x_stride = a.x_stride, r.gamma = p.dgamma.get(), r.y = a.y, r.residual = a.residual;
+    r.normalized = normalized.get(), r.n = a.n, r.k = a.k, r.batch = a.batch;
+    auto run = [&](const ops::GemvLaunch& launch) {
+      p.dy.poison();
+      normalized.poison();
+      const Status st = norm ? ops::rmsnorm_q4k_gemv(r, nullptr, launch) : ops::q4k_gemv(a, nullptr, launch);
+      EXPECT_TRUE(st.ok()) << st.message();
+      return std::pair{p.dy.download(), normalized.download()};
+    };
+    const auto own = run({}), copied = run(with_image);
+    for (float v : own.first) ASSERT_FALSE(std::isnan(v)) << "own prologue left a poisoned output";
+    EXPECT_TRUE(test::bitwise_equal(own.first.data(), copied.first.data(), own.first.size() * 4)) << (norm ? "norm: y" : "plain: y");
+    if (norm)
+      EXPECT_TRUE(test::bitwise_equal(own.second.data(), copied.second.data(), own.second.size() * 4)) << "norm: normalized";
+  }
+}
+INSTANTIATE_TEST_SUITE_P(F16, Q4kGemvImage,
+                         testing::Values(Case{2304, 4096, 16}, Case{4096, 2304, 16}, Case{12576, 2304, 13}, Case{2304, 4096, 8},
+                                         Case{37, 2304, 5}, Case{37, 2304, 3}),
+                         case_name);
+
+// An image too small for the launch's plan, or misaligned, is rejected before anything runs.
+TEST(Q4kGemvImageValidationGpu, SmallOrMisalignedImageLaunchesNothing) {
+  ENCORE_REQUIRE_GPU();
+  std::mt19937_64 rng(test::fresh_seed());
+  Problem p(Case{2304, 4096, 16}, false, rng);
+  test::DeviceBuffer<std::uint8_t> image(ops::kGemvActImageBytes + 16);
+  for (auto [offset, bytes] : {std::pair<std::size_t, std::size_t>{0, 4096}, std::pair<std::size_t, std::size_t>{8, ops::kGemvActImageBytes}}) {
+    ops::GemvLaunch launch;
+    launch.act_image = image.get() + offset, launch.act_image_bytes = bytes;
+    p.dy.poison();
+    EXPECT_EQ(ops::q4k_gemv(p.plain_params(), nullptr, launch).code(), StatusCode::kInvalidArgument) << offset << " " << bytes;
+    CUDA_OK(cudaDeviceSynchronize());
+    for (float v : p.dy.download()) ASSERT_TRUE(std::isnan(v));
+  }
+}
+
 }  // namespace
 }  // namespace encore

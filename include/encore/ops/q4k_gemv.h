@@ -8,6 +8,7 @@
 // The int8 dot products run on dp4a (1..4 tokens) or int8 tensor cores (5..16, GemvCore).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -84,7 +85,16 @@ struct GemvLaunch {
   // mma cores only: warps sharing a 16-row group, each taking a contiguous K range: 1, 2, 4 or 8,
   // or 0 to let the planner choose (a tuning and test hook; results round differently per value).
   int mma_k_parts = 0;
+  // Optional device scratch of act_image_bytes (16-byte aligned; kGemvActImageBytes always
+  // suffices) for one-matrix launches on the fp16 core: a kernel of its own quantises x once into
+  // it (the image of a block's activation region in shared memory), and every block copies the
+  // image instead of quantising all of x itself (docs/q4k.md §9.4). The same arithmetic, so the
+  // same bits. Ignored by other launches (dp4a, int8 mma, gate/up). Stream-ordered scratch: one
+  // buffer can serve every launch of a stream.
+  void* act_image = nullptr;
+  std::size_t act_image_bytes = 0;
 };
+inline constexpr std::size_t kGemvActImageBytes = 227 * 1024;  // a block's shared memory at most
 
 // The core a launch with these dims runs for `requested` (the mma cores need their 8 / 16-token
 // tiers and all of K's activations in one shared-memory chunk, else dp4a runs). Host only: the

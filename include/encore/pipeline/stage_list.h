@@ -86,6 +86,9 @@ struct Stage {
   bool joins_previous = false; // reads nothing the previous stage writes (a dependency level with it;
                                // the graph path still runs the stages in order, the megakernel by data)
   ops::GemvCore gemv_core = ops::GemvCore::kAuto;  // Q4_K GEMV stages: the core both paths run
+  // Q4_K GEMV stages, the graph path: the activation image's scratch (GemvLaunch::act_image,
+  // ops::kGemvActImageBytes), or null; the megakernel's blocks quantise x themselves (same bits).
+  void* gemv_act_image = nullptr;
   StageParams params;
 };
 static_assert(std::is_trivially_copyable_v<Stage>, "the stage table is copied to the device as bytes");
