@@ -39,7 +39,7 @@ fi
 # Small cases that reach every kernel of each area (the invalidated-capture test is left out:
 # it makes CUDA API errors on purpose). The megakernel's cases live in the pipeline's binary.
 declare -A small=(
-  [gemv]='Shapes/*n37_k2304_b3:Shapes/*n37_k14336_b16:Shapes/Rms*n4096_k256_b16:F16/*n37_k2304_b5_f16:F16/*n37_k256_b16_f16:F16Parts/*n37_k2304_b16_f16_p1:Cores/Q4kGemvDeterminism*:Q4kGemvInPlace*'
+  [gemv]='Shapes/*n37_k2304_b3:Shapes/*n37_k14336_b16:Shapes/Rms*n4096_k256_b16:F16/*n37_k2304_b5_f16:F16/*n37_k256_b16_f16:F16Parts/*n37_k2304_b16_f16_p1:Cores/Q4kGemvDeterminism*:Q4kGemvInPlace*:F16/Q4kGemvImage*'
   [q4k]='Q4kDequantizeGpu.*'
   [kda]='KdaGpu.OneStep*:KdaGpu.SlotIsolationAndPadding:KdaGpu.BadSlotIdsLeaveStatesUntouched'
   [mla]='MlaGpu.MixedBatchAllHeadCounts:MlaGpu.AppendRopePositionsAndNopeCopy:MlaGpu.BadDeviceInputLeavesCacheUntouched:MlaGpu.HalfSm*:MlaGpu.AbsorbAndAppend*'
