@@ -29,6 +29,14 @@ __device__ __forceinline__ float warp_max(float x) {
   for (int m = Width / 2; m > 0; m >>= 1) x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, m));
   return x;
 }
+// warp_max of N values at once, each butterfly step for all of them before the next.
+template <int N, int Width = 32>
+__device__ __forceinline__ void warp_maxes(float (&x)[N]) {
+#pragma unroll
+  for (int m = Width / 2; m > 0; m >>= 1)
+#pragma unroll
+    for (int u = 0; u < N; ++u) x[u] = fmaxf(x[u], __shfl_xor_sync(0xFFFFFFFFu, x[u], m));
+}
 
 // A pad row (slot id < 0) is a batch row with no sequence behind it. Read through L2 (ld.cg):
 // coherent wherever the body runs.

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/async_copy.cuh"
 #include "common/block.h"
 #include "common/warp.cuh"
 #include "gemv/gemv_params.cuh"
@@ -70,7 +71,7 @@ __device__ __forceinline__ void quantize_tasks(const GemvSmem& s, const int (&t)
 //   once per warp, measured slower at 16 tokens).
 template <int NTOK, bool F16, bool kStaged>
 __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0, int nbc, const GemvSmem& s,
-                                               int warp = int(threadIdx.x / 32), int kWarpsPerBlock = encore::kWarpsPerBlock) {
+                                               int warp = int(threadIdx.x / 32), int warps = kWarpsPerBlock) {
   const int lane = threadIdx.x % 32;
   const int tasks = p.batch * nbc;
   auto x_of = [&](int t, int j) { return p.x + t * p.x_stride + std::int64_t(kb0 + j) * 256 + lane * 8; };
@@ -80,18 +81,18 @@ __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0,
 #endif
   if constexpr (NTOK == 1) {
     constexpr int kInFlight = 2;
-    for (int base = warp; base < tasks; base += kWarpsPerBlock * kInFlight) {
+    for (int base = warp; base < tasks; base += warps * kInFlight) {
       float v[kInFlight][8], gamma[kInFlight][8];
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
-        const int j = base + u * kWarpsPerBlock;  // (token 0)
+        const int j = base + u * warps;  // (token 0)
         if (j >= tasks) break;
         device::load_float8(x_of(0, j), v[u]);
         if (p.gamma) device::ldg_float8(gamma_of(j), gamma[u]);
       }
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
-        const int j = base + u * kWarpsPerBlock;
+        const int j = base + u * warps;
         if (j >= tasks) break;
         if (p.gamma) {
           store_block_ss(p, s, 0, j, v[u]);
@@ -103,8 +104,8 @@ __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0,
     }
   } else if constexpr (kStaged) {
     constexpr int kInFlight = 4;
-    for (int base = warp; base < tasks; base += kWarpsPerBlock * kInFlight) {
-      // Task base + u * kWarpsPerBlock is (token t[u], block j[u]).
+    for (int base = warp; base < tasks; base += warps * kInFlight) {
+      // Task base + u * warps is (token t[u], block j[u]).
       int t[kInFlight], j[kInFlight];
       bool live[kInFlight];
       float v[kInFlight][8];
@@ -113,10 +114,10 @@ __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0,
         if (u == 0) {
           t[0] = base / nbc, j[0] = base % nbc;
         } else {
-          t[u] = t[u - 1], j[u] = j[u - 1] + kWarpsPerBlock;
+          t[u] = t[u - 1], j[u] = j[u - 1] + warps;
           while (j[u] >= nbc) j[u] -= nbc, ++t[u];
         }
-        live[u] = base + u * kWarpsPerBlock < tasks;
+        live[u] = base + u * warps < tasks;
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[u][i] = 0.f;
         if (live[u]) device::load_float8(x_of(t[u], j[u]), v[u]);
@@ -142,17 +143,17 @@ __device__ __forceinline__ void quantize_chunk(const GemvTileParams& p, int kb0,
     }
   } else {
     constexpr int kInFlight = 4;
-    for (int base = warp; base < tasks; base += kWarpsPerBlock * kInFlight) {
+    for (int base = warp; base < tasks; base += warps * kInFlight) {
       float v[kInFlight][8];
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
-        const int task = base + u * kWarpsPerBlock;
+        const int task = base + u * warps;
         if (task >= tasks) break;
         device::load_float8(x_of(task / nbc, task % nbc), v[u]);
       }
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
-        const int task = base + u * kWarpsPerBlock;
+        const int task = base + u * warps;
         if (task >= tasks) break;
         const int t = task / nbc, j = task % nbc;
         if (p.gamma) {
@@ -224,10 +225,9 @@ __host__ __device__ inline std::size_t image_bytes(const GemvSmem& s) {
 __device__ __forceinline__ void copy_image(const GemvTileParams& p, const GemvSmem& s) {
   __syncthreads();
   const std::size_t begin = image_begin(s), bytes = image_bytes(s);
-  const std::uint32_t dst = static_cast<std::uint32_t>(__cvta_generic_to_shared(s.act));
-  for (std::size_t i = threadIdx.x * 16; i < bytes; i += kBlockThreads * 16)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + std::uint32_t(i)), "l"(p.act_image + begin + i) : "memory");
-  asm volatile("cp.async.commit_group;\ncp.async.wait_all;" ::: "memory");
+  for (std::size_t i = threadIdx.x * 16; i < bytes; i += kBlockThreads * 16) device::cp_async_16(s.act + i, p.act_image + begin + i);
+  device::cp_async_commit();
+  device::cp_async_wait_all();
   __syncthreads();
   if (p.gamma) {
     accumulate_rms(p, 0, p.k_blocks, s);

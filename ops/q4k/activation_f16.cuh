@@ -17,6 +17,7 @@
 
 #include <cuda_fp16.h>
 
+#include "common/warp.cuh"
 #include "q4k/activation_f16_layout.h"
 
 namespace encore::q4k {
@@ -73,9 +74,7 @@ __device__ __forceinline__ float lane_amax(const float (&v)[8]) {
 // cooperatively with the other 31 lanes: writes the block's 512 value bytes, its lane-t sums
 // entries (sums: 4 x 8 bytes) and its scale.
 __device__ __forceinline__ void quantize_act_block_f16(const float (&v)[8], char* values, char* sums, float* scale) {
-  float amax = detail::lane_amax(v);
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));
+  const float amax = device::warp_max(detail::lane_amax(v));
   float sum;
   const float down = detail::store_f16_values(v, amax, values, sum);
   // Sub-block j = lane / 4: the 4 lanes' sums in a fixed butterfly (the same on every lane).
@@ -93,10 +92,7 @@ __device__ __forceinline__ void quantize_act_blocks_f16(const float (&v)[N][8], 
   float amax[N], sum[N], down[N];
 #pragma unroll
   for (int u = 0; u < N; ++u) amax[u] = detail::lane_amax(v[u]);
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1)
-#pragma unroll
-    for (int u = 0; u < N; ++u) amax[u] = fmaxf(amax[u], __shfl_xor_sync(0xFFFFFFFFu, amax[u], m));
+  device::warp_maxes(amax);
 #pragma unroll
   for (int u = 0; u < N; ++u) {
     sum[u] = 0.f, down[u] = 0.f;

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "common/warp.cuh"
+
 namespace encore::q4k {
 
 inline constexpr int kActBlockBytes = 384;  // per 256 values per token
@@ -71,8 +73,7 @@ __device__ __forceinline__ void quantize_act_block(const float (&v)[8], char* ou
   float amax, sum;
   detail::lane_amax_sum(v, amax, sum);
   // 4 lanes form a 32-value sub-block, 2 lanes a 16-value half.
-  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+  amax = device::warp_max<4>(amax);
   const float partner_sum = __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
   detail::store_act_lane(v, amax, sum, partner_sum, out);
 }
@@ -85,10 +86,7 @@ __device__ __forceinline__ void quantize_act_blocks(const float (&v)[N][8], cons
   float amax[N], sum[N], partner_sum[N];
 #pragma unroll
   for (int u = 0; u < N; ++u) detail::lane_amax_sum(v[u], amax[u], sum[u]);
-#pragma unroll
-  for (int u = 0; u < N; ++u) amax[u] = fmaxf(amax[u], __shfl_xor_sync(0xFFFFFFFFu, amax[u], 1));
-#pragma unroll
-  for (int u = 0; u < N; ++u) amax[u] = fmaxf(amax[u], __shfl_xor_sync(0xFFFFFFFFu, amax[u], 2));
+  device::warp_maxes<N, 4>(amax);  // (the sub-block's 4 lanes)
 #pragma unroll
   for (int u = 0; u < N; ++u) partner_sum[u] = __shfl_xor_sync(0xFFFFFFFFu, sum[u], 1);
 #pragma unroll
