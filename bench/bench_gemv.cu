@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <iterator>
 #include <string>
 #include <utility>
@@ -107,6 +108,8 @@ struct LaunchOf {
   LaunchOf(ops::GemvCore core, bool with_image) : image(with_image ? ops::kGemvActImageBytes : 16) {
     launch.core = core;
     if (with_image) launch.act_image = image.as(), launch.act_image_bytes = ops::kGemvActImageBytes;
+    // Tensor-core cores: the K parts per row group, forced (1, 2, 4, 8) to compare the planner's choice.
+    if (const char* parts = std::getenv("ENCORE_BENCH_K_PARTS")) launch.mma_k_parts = std::atoi(parts);
   }
 };
 

@@ -411,10 +411,10 @@ void BM_moe_ggml_shape_naive_chain(benchmark::State& s) { run_naive(s, kGgml); }
 
 BENCHMARK(BM_moe_kimi_layer)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
 BENCHMARK(BM_moe_kimi_layer_fused_norm)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
-BENCHMARK(BM_moe_kimi_router)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
+BENCHMARK(BM_moe_kimi_router)->Arg(1)->Arg(8)->Arg(16)->Arg(32)->Arg(64)->UseManualTime();
 BENCHMARK(BM_moe_kimi_router_one_kernel)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
 BENCHMARK(BM_moe_kimi_layer_fused_norm_one_kernel_router)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
-BENCHMARK(BM_moe_kimi_topk)->Arg(1)->Arg(64)->UseManualTime();
+BENCHMARK(BM_moe_kimi_topk)->Arg(1)->Arg(16)->Arg(64)->UseManualTime();
 BENCHMARK(BM_moe_kimi_experts)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
 BENCHMARK(BM_moe_kimi_naive_chain)->Arg(1)->Arg(8)->UseManualTime();
 BENCHMARK(BM_moe_kimi_probe_one_kernel)->Arg(1)->Arg(8)->Arg(32)->Arg(64)->UseManualTime();
