@@ -431,7 +431,9 @@ TEST(Q4kGemvValidationGpu, FailedStreamIsRejected) {
 class Q4kGemvImage : public testing::TestWithParam<Case> {};
 TEST_P(Q4kGemvImage, CopiedImageGivesTheSameBits) {
   ENCORE_REQUIRE_GPU();
-  std::mt19937_64 rng(test::fresh_seed());
+  const std::uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
   Problem p(GetParam(), false, rng);
   test::DeviceBuffer<std::uint8_t> image(ops::kGemvActImageBytes);
   test::DeviceBuffer<float> normalized(std::size_t(p.c.batch) * p.c.k);
@@ -465,7 +467,9 @@ INSTANTIATE_TEST_SUITE_P(F16, Q4kGemvImage,
 // An image too small for the launch's plan, or misaligned, is rejected before anything runs.
 TEST(Q4kGemvImageValidationGpu, SmallOrMisalignedImageLaunchesNothing) {
   ENCORE_REQUIRE_GPU();
-  std::mt19937_64 rng(test::fresh_seed());
+  const std::uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
   Problem p(Case{2304, 4096, 16}, false, rng);
   test::DeviceBuffer<std::uint8_t> image(ops::kGemvActImageBytes + 16);
   for (auto [offset, bytes] : {std::pair<std::size_t, std::size_t>{0, 4096}, std::pair<std::size_t, std::size_t>{8, ops::kGemvActImageBytes}}) {
