@@ -1,4 +1,4 @@
-// Q4_K GEMV family at Kimi-Linear-48B-A3B and Llama-3-8B shapes, batch 1/4/8/16, weights rotated
+// Q4_K GEMV family at Kimi-Linear-48B-A3B and Llama-3-8B shapes, batch 1/4/8/16 (and 32 where one launch takes it), weights rotated
 // beyond L2; side by side: cuBLASLt bf16 GEMV of the same shape and the unfused chains
 // (RMSNorm kernel + GEMV; gate GEMV + up GEMV + SiLU-mul).
 #include <encore/ops/q4k_gemv.h>
@@ -33,6 +33,7 @@ const Shape kShapes[] = {
     {"llama_down_4096x14336", 4096, 14336, false},
 };
 const int kBatches[] = {1, 4, 8, 16};
+constexpr int kWideBatch = ops::kMaxGemvBatch;  // (shapes whose K allows it: ops::q4k_gemv_max_batch)
 
 // ---- baselines' helper kernels ----------------------------------------------------------------
 
@@ -264,6 +265,19 @@ void bench_cublaslt(benchmark::State& state, Shape s, int batch) {
         }
       }
     }
+  // The fp16 core's 32-token tier, where one launch takes 32 rows (against two of 16 above).
+  for (const Shape& s : kShapes) {
+    if (ops::q4k_gemv_max_batch(s.k, 1) < kWideBatch) continue;
+    const std::string tail = std::string(s.name) + "/b" + std::to_string(kWideBatch);
+    for (bool image : {false, true}) {
+      const std::string suffix = image ? "_image/" : "/";
+      benchmark::RegisterBenchmark(("gemv/q4k" + suffix + tail).c_str(), bench_q4k, s, kWideBatch, true, ops::GemvCore::kAuto, image)
+          ->UseManualTime();
+      benchmark::RegisterBenchmark(("gemv/rmsnorm_q4k_fused" + suffix + tail).c_str(), bench_rmsnorm, s, kWideBatch, true,
+                                   ops::GemvCore::kAuto, image)->UseManualTime();
+    }
+    benchmark::RegisterBenchmark(("gemv/cublaslt_bf16/" + tail).c_str(), bench_cublaslt, s, kWideBatch)->UseManualTime();
+  }
   // llama.cpp's perf shape with the weights left L2-resident, as test-backend-ops times it.
   const Shape& llama_down = *std::find_if(std::begin(kShapes), std::end(kShapes),
                                           [](const Shape& s) { return std::string(s.name) == "llama_down_4096x14336"; });

@@ -258,9 +258,10 @@ void run_naive(benchmark::State& state, const Shape& shape) {
       for (int j = 0; j < shape.top_k; ++j) tokens[st[i].host_ids[t * shape.top_k + j]].push_back(t);
       for (int s = 0; s < shape.num_shared; ++s) tokens[shape.num_experts + s].push_back(t);
     }
+    const std::size_t rows = std::size_t(ops::q4k_gemv_max_batch(shape.hidden, 2));  // (gate/up launches)
     for (int e = 0; e < int(tokens.size()); ++e)
-      for (std::size_t c = 0; c < tokens[e].size(); c += ops::kMaxGemvBatch) {
-        const int n = int(std::min<std::size_t>(ops::kMaxGemvBatch, tokens[e].size() - c));
+      for (std::size_t c = 0; c < tokens[e].size(); c += rows) {
+        const int n = int(std::min(rows, tokens[e].size() - c));
         Launch l{e, n, static_cast<float*>(device_alloc(std::size_t(n) * shape.hidden * 4)),
                  static_cast<float*>(device_alloc(std::size_t(n) * shape.inter * 4)),
                  static_cast<float*>(device_alloc(std::size_t(n) * shape.hidden * 4))};

@@ -45,7 +45,7 @@ Status add_moe_buffers(const ModelConfig& c, const BufferOptions& o, TensorArena
 }  // namespace
 
 std::int64_t gemv_rows(int batch) {
-  return batch <= ops::kMaxGemvBatch ? batch : (std::int64_t(batch) + ops::kMaxGemvBatch - 1) / ops::kMaxGemvBatch * ops::kMaxGemvBatch;
+  return batch <= kGemvStageRows ? batch : (std::int64_t(batch) + kGemvStageRows - 1) / kGemvStageRows * kGemvStageRows;
 }
 
 std::int64_t kda_proj_stride(const ModelConfig& c) {

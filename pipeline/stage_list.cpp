@@ -71,19 +71,19 @@ class Builder {
     return out_.back().params.*member;
   }
 
-  // A Q4_K GEMV stage over the step's B rows: one stage up to ops::kMaxGemvBatch rows, else one
-  // per 16 rows, each running all 16 (the GEMV buffers have gemv_rows(max_batch) rows; the rows
-  // past B are pad rows), so every stage runs the 16-token tier. Later stages join the first:
-  // other rows, the same weights.
+  // A Q4_K GEMV stage over the step's B rows: one stage up to kGemvStageRows rows, else one per
+  // kGemvStageRows rows, each running all of them (the GEMV buffers have gemv_rows(max_batch) rows;
+  // the rows past B are pad rows), so every stage runs the same tier. Later stages join the
+  // first: other rows, the same weights.
   template <class P>
   void push_gemv(StageKind kind, StageRole role, int layer, P StageParams::*member, const P& whole) {
-    if (B_ <= ops::kMaxGemvBatch) {
+    if (B_ <= kGemvStageRows) {
       push(kind, role, layer, member) = whole;
       return;
     }
-    for (int first = 0; first < B_; first += ops::kMaxGemvBatch) {
+    for (int first = 0; first < B_; first += kGemvStageRows) {
       P p = whole;
-      p.batch = ops::kMaxGemvBatch;
+      p.batch = kGemvStageRows;
       offset_rows(p, first);
       push(kind, role, layer, member, first > 0) = p;
     }

@@ -30,8 +30,8 @@ __global__ void __launch_bounds__(kBlockThreads, gemv::kMinBlocksPerSm<NTOK, NMA
   gemv::gemv_body<NTOK, NMAT, gemv::Core::kDp4a>(p, device::GridRange{}, smem, wait);
 }
 
-// The tensor-core cores (8 or 16 tokens): row groups of kMmaTileRows rows, each group's K split
-// over its warps.
+// The tensor-core cores (8 or 16 tokens; the fp16 one with one matrix also 32): row groups of
+// kMmaTileRows rows, each group's K split over its warps.
 template <int NTOK, int NMAT, gemv::Core C>
 __global__ void __launch_bounds__(kBlockThreads, gemv::kMinBlocksPerSm<NTOK, NMAT, C>) gemv_mma_kernel(const __grid_constant__ GemvTileParams p) {
   extern __shared__ __align__(16) char smem[];
@@ -39,8 +39,11 @@ __global__ void __launch_bounds__(kBlockThreads, gemv::kMinBlocksPerSm<NTOK, NMA
   gemv::gemv_body<NTOK, NMAT, C>(p, device::GridRange{}, smem, wait);
 }
 
-// The token-count tier a batch runs in: the kernels are instantiated for 1, 2, 4, 8 and 16 tokens.
-constexpr int token_tier(int batch) { return batch <= 1 ? 1 : batch <= 2 ? 2 : batch <= 4 ? 4 : batch <= 8 ? 8 : 16; }
+// The token-count tier a batch runs in: the kernels are instantiated for 1, 2, 4, 8 and 16 tokens,
+// and the fp16 core with one matrix for 32 (kWideTokens).
+constexpr int token_tier(int batch) {
+  return batch <= 1 ? 1 : batch <= 2 ? 2 : batch <= 4 ? 4 : batch <= 8 ? 8 : batch <= 16 ? 16 : gemv::kWideTokens;
+}
 
 template <class F>
 Status dispatch_tokens(int batch, F&& f) {
@@ -49,7 +52,8 @@ Status dispatch_tokens(int batch, F&& f) {
     case 2: return f(std::integral_constant<int, 2>{});
     case 4: return f(std::integral_constant<int, 4>{});
     case 8: return f(std::integral_constant<int, 8>{});
-    default: return f(std::integral_constant<int, 16>{});
+    case 16: return f(std::integral_constant<int, 16>{});
+    default: return f(std::integral_constant<int, gemv::kWideTokens>{});
   }
 }
 
@@ -184,6 +188,8 @@ bool plan_mma(GemvTileParams& p, int ntok, int nmat, int sms, int k_parts, bool 
 bool plan_mma_if_chosen(GemvTileParams& p, int ntok, int nmat, const GemvLaunch& launch, int sms) {
   if (ntok < 8) return false;
   const int parts = launch.mma_k_parts;
+  if (ntok > gemv::kMaxCoreTokens)  // (the wide tier: the fp16 core with one matrix only)
+    return nmat == 1 && (launch.core == GemvCore::kAuto || launch.core == GemvCore::kMmaF16) && plan_mma(p, ntok, nmat, sms, parts, true);
   switch (launch.core) {
     case GemvCore::kMmaF16: return plan_mma(p, ntok, nmat, sms, parts, true);
     case GemvCore::kMma: return plan_mma(p, ntok, nmat, sms, parts, false);
@@ -196,7 +202,12 @@ bool plan_mma_if_chosen(GemvTileParams& p, int ntok, int nmat, const GemvLaunch&
 // The device-dependent plan (row split, slots) of p for ntok tokens and its shared memory.
 // Validation runs it too, so a shape the device cannot hold fails before any stage launches.
 Status plan_launch(GemvTileParams& p, int ntok, int nmat, std::size_t& smem, const GemvLaunch& launch, int sms) {
-  if (!plan_mma_if_chosen(p, ntok, nmat, launch, sms)) plan(p, ntok, nmat, sms);
+  if (!plan_mma_if_chosen(p, ntok, nmat, launch, sms)) {
+    ENCORE_REQUIRE(ntok <= gemv::kMaxCoreTokens, StatusCode::kUnsupported, "q4k gemv: batch = ", p.batch, " (above ",
+                   gemv::kMaxCoreTokens, ") runs on the fp16 core with one matrix only, where all of K's activations fit (k = ",
+                   p.k_blocks * 256, ", matrices = ", nmat, ": q4k_gemv_max_batch)");
+    plan(p, ntok, nmat, sms);
+  }
   smem = smem_bytes(p, ntok, nmat);
   ENCORE_REQUIRE(smem <= kSmemOnePerSm, StatusCode::kUnsupported, "q4k gemv: n = ", p.n, ", k = ", p.k_blocks * 256,
                  ", batch = ", p.batch, ": no shared-memory plan fits (", smem, " bytes)");
@@ -232,14 +243,18 @@ Status plan_params(GemvTileParams p, int nmat, const GemvLaunch& options, int sm
 template <int kTok>
 auto kernel_of(const gemv::GemvPlan& plan) {
   using gemv::Core;
-  auto kernel = plan.matrices == 2 ? gemv_kernel<kTok, 2> : gemv_kernel<kTok, 1>;
-  if constexpr (kTok >= 8) {
-    if (gemv::core_of(plan.params) == Core::kMmaS8)
-      kernel = plan.matrices == 2 ? gemv_mma_kernel<kTok, 2, Core::kMmaS8> : gemv_mma_kernel<kTok, 1, Core::kMmaS8>;
-    if (gemv::core_of(plan.params) == Core::kMmaF16)
-      kernel = plan.matrices == 2 ? gemv_mma_kernel<kTok, 2, Core::kMmaF16> : gemv_mma_kernel<kTok, 1, Core::kMmaF16>;
+  if constexpr (kTok > gemv::kMaxCoreTokens) {
+    return gemv_mma_kernel<kTok, 1, Core::kMmaF16>;  // (the only plan of the wide tier)
+  } else {
+    auto kernel = plan.matrices == 2 ? gemv_kernel<kTok, 2> : gemv_kernel<kTok, 1>;
+    if constexpr (kTok >= 8) {
+      if (gemv::core_of(plan.params) == Core::kMmaS8)
+        kernel = plan.matrices == 2 ? gemv_mma_kernel<kTok, 2, Core::kMmaS8> : gemv_mma_kernel<kTok, 1, Core::kMmaS8>;
+      if (gemv::core_of(plan.params) == Core::kMmaF16)
+        kernel = plan.matrices == 2 ? gemv_mma_kernel<kTok, 2, Core::kMmaF16> : gemv_mma_kernel<kTok, 1, Core::kMmaF16>;
+    }
+    return kernel;
   }
-  return kernel;
 }
 
 // The activation image (GemvLaunch::act_image): every block's activation region of plan p (the
@@ -257,6 +272,9 @@ __global__ void __launch_bounds__(kBlockThreads) gemv_image_kernel(const __grid_
 
 Status launch_gemv(const GemvTileParams& p, int nmat, cudaStream_t stream, GemvLaunch options) {
   ENCORE_RETURN_IF_ERROR(check_options(options));  // (before the stream: bad options fail without a device)
+  ENCORE_REQUIRE(p.batch <= gemv::kMaxCoreTokens || options.core == GemvCore::kAuto || options.core == GemvCore::kMmaF16,
+                 StatusCode::kUnsupported, "q4k gemv: batch = ", p.batch, " (above ", gemv::kMaxCoreTokens,
+                 ") runs on the fp16 core only; GemvLaunch::core asks for another");
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));
   const int sms = detail::sm_count();
   gemv::GemvPlan plan;
@@ -357,14 +375,14 @@ GemvTileParams base_params(const Shape& s, const float* x, const float* gamma, f
   return p;
 }
 
-// Runs the launch plan of a validated shape (host only). The dp4a plan is the one that can fail;
-// the mma core falls back to it.
+// Runs the launch plan of a validated shape (host only). Up to kMaxCoreTokens tokens the dp4a plan
+// is the one that can fail (the mma cores fall back to it); above, the fp16 core's is the only one.
 Status check_plan(const Shape& s, int nmat) {
   GemvTileParams p = base_params(s, nullptr, nullptr, 0.f);
   std::size_t smem = 0;
-  GemvLaunch dp4a;
-  dp4a.core = GemvCore::kDp4a;
-  return dispatch_tokens(s.batch, [&](auto ntok) { return plan_launch(p, decltype(ntok)::value, nmat, smem, dp4a, detail::sm_count()); });
+  GemvLaunch only;
+  only.core = s.batch > gemv::kMaxCoreTokens ? GemvCore::kMmaF16 : GemvCore::kDp4a;
+  return dispatch_tokens(s.batch, [&](auto ntok) { return plan_launch(p, decltype(ntok)::value, nmat, smem, only, detail::sm_count()); });
 }
 
 }  // namespace
@@ -380,6 +398,10 @@ GemvCore q4k_gemv_core(std::int64_t k, int batch, int num_matrices, GemvCore req
   launch.core = requested;
   if (!plan_mma_if_chosen(p, token_tier(batch), num_matrices, launch, 1)) return GemvCore::kDp4a;
   return p.mma_f16 ? GemvCore::kMmaF16 : GemvCore::kMma;
+}
+
+int q4k_gemv_max_batch(std::int64_t k, int num_matrices) {
+  return q4k_gemv_core(k, kMaxGemvBatch, num_matrices) == GemvCore::kMmaF16 ? kMaxGemvBatch : gemv::kMaxCoreTokens;
 }
 
 Status q4k_gemv_validate(const Q4kGemvParams& a) {

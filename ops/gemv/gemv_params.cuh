@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include <encore/ops/q4k_gemv.h>
 #include <encore/q4k.h>
 
 #include "common/block.h"
@@ -49,7 +50,12 @@ struct GemvTileParams {
   const char* act_image;
 };
 
-inline constexpr int kMaxTokens = 16;
+// Tokens of one launch: every core up to kMaxCoreTokens; the fp16 core with one matrix also takes
+// a wide tier of kWideTokens (ops::kMaxGemvBatch), where all of K's activations fit one block.
+inline constexpr int kMaxCoreTokens = 16;
+inline constexpr int kWideTokens = 32;
+inline constexpr int kMaxTokens = kWideTokens;
+static_assert(kWideTokens == ops::kMaxGemvBatch, "the public batch bound is the wide tier");
 // Rows of an mma-core row group (the M of one m16n8k32). A tile is kWarpsPerBlock >> mma_part_bits
 // row groups; the 1 << mma_part_bits warps of a group stream its rows, each over its own K part.
 inline constexpr int kMmaTileRows = 16;
@@ -122,8 +128,8 @@ struct GemvSmem {
       act = a.take<char>(std::size_t(ntok) * chunk_blocks * kActStride);
     }
     block_ss = a.take<float>(std::size_t(ntok) * chunk_blocks);
-    total_ss = a.take<float>(kMaxTokens);
-    inv_rms = a.take<float>(kMaxTokens);
+    total_ss = a.take<float>(ntok);
+    inv_rms = a.take<float>(ntok);
     // mma core: each warp's partial sums of a tile, [warp][matrix][token tile][element][lane].
     partials = p.mma ? a.take<float>(std::size_t(kWarpsPerBlock) * nmat * (ntok / 8) * 4 * 32) : nullptr;
     bytes = a.used();

@@ -1,5 +1,6 @@
-// The GEMV's tensor-core cores (5..16 tokens): row groups of 16 rows streamed over K parts, the
-// int8 core (q4k_mma.cuh) and the fp16 core (q4k_mma_f16.cuh), and their shared epilogue.
+// The GEMV's tensor-core cores (5..16 tokens; the fp16 one with one matrix also 17..32): row
+// groups of 16 rows streamed over K parts, the int8 core (q4k_mma.cuh) and the fp16 core
+// (q4k_mma_f16.cuh), and their shared epilogue.
 #pragma once
 
 #include <cstdint>
@@ -156,7 +157,7 @@ __device__ void gemv_tile_mma(const GemvTileParams& p, std::int64_t tile, const 
   });
 }
 
-// The fp16 tensor-core body (q4k_mma_f16.cuh, docs/q4k.md §9.2) for 5..16 tokens: the int8 mma
+// The fp16 tensor-core body (q4k_mma_f16.cuh, docs/q4k.md §9.2) for 5..32 tokens: the int8 mma
 // body's row groups, K parts, rings and epilogue; per K block, lane (g, t) dequantises its 32 code
 // bytes of rows g and g + 8 into sc * q once for every token, runs 16 m16n8k16 steps per 8-token
 // tile (two accumulator chains, one per nibble) and the min term's two m16n8k8 steps, then scales

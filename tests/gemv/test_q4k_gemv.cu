@@ -317,6 +317,19 @@ const auto kMmaPartsShapes = parts_shapes(ops::GemvCore::kMma);
 // every K split, as for the int8 core.
 const auto kF16Shapes = grid({1, 37, 4096}, {256, 2304, 4096}, {5, 8, 12, 16}, ops::GemvCore::kMmaF16);
 const auto kF16PartsShapes = parts_shapes(ops::GemvCore::kMmaF16);
+// The fp16 core's 32-token tier (one matrix, K <= 2304): 17 and 24 rows (pad tokens, a whole
+// token tile of them at 17) and 32, asked for and by default; then every K split at 32 rows.
+std::vector<Case> wide_shapes() {
+  auto out = grid({1, 37, 4096}, {256, 2304}, {17, 24, 32}, ops::GemvCore::kMmaF16);
+  for (const Case& c : grid({37, 12576}, {2304}, {32})) out.push_back(c);
+  for (int parts : {1, 2, 4, 8})
+    for (Case c : grid({37, 4096}, {256, 2304}, {32}, ops::GemvCore::kMmaF16)) {
+      c.mma_k_parts = parts;
+      out.push_back(c);
+    }
+  return out;
+}
+const auto kF16WideShapes = wide_shapes();
 INSTANTIATE_TEST_SUITE_P(Shapes, Q4kGemvTest, testing::ValuesIn(kShapes), case_name);
 INSTANTIATE_TEST_SUITE_P(Dp4a, Q4kGemvTest, testing::ValuesIn(kDp4aShapes), case_name);
 INSTANTIATE_TEST_SUITE_P(Int8, Q4kGemvTest, testing::ValuesIn(kInt8Shapes), case_name);
@@ -338,11 +351,14 @@ INSTANTIATE_TEST_SUITE_P(F16LmHead, Q4kGemvTest, testing::ValuesIn(grid({163840}
                          case_name);
 INSTANTIATE_TEST_SUITE_P(F16, RmsNormQ4kGemvTest, testing::ValuesIn(kF16Shapes), case_name);
 INSTANTIATE_TEST_SUITE_P(F16Parts, RmsNormQ4kGemvTest, testing::ValuesIn(kF16PartsShapes), case_name);
+INSTANTIATE_TEST_SUITE_P(F16Wide, Q4kGemvTest, testing::ValuesIn(kF16WideShapes), case_name);
+INSTANTIATE_TEST_SUITE_P(F16Wide, RmsNormQ4kGemvTest, testing::ValuesIn(kF16WideShapes), case_name);
 INSTANTIATE_TEST_SUITE_P(F16, GateUpQ4kGemvTest, testing::ValuesIn(kF16Shapes), case_name);
 INSTANTIATE_TEST_SUITE_P(F16Parts, GateUpQ4kGemvTest, testing::ValuesIn(kF16PartsShapes), case_name);
 
 
-// Same inputs, same bits: repeated launches and graph replays, on each core.
+// Same inputs, same bits: repeated launches and graph replays, on each core (the fused gate/up
+// with its norm, or above the rows gate/up takes, the RMSNorm GEMV).
 class Q4kGemvDeterminism : public testing::TestWithParam<Case> {};
 TEST_P(Q4kGemvDeterminism, RepeatsAndGraphReplaysAreBitIdentical) {
   ENCORE_REQUIRE_GPU();
@@ -350,11 +366,17 @@ TEST_P(Q4kGemvDeterminism, RepeatsAndGraphReplaysAreBitIdentical) {
   Problem p(GetParam(), true, rng);
   ops::GateUpQ4kGemvParams a = p.gate_up_params();
   a.gamma = p.dgamma.get();
+  ops::RmsNormQ4kGemvParams r;
+  r.weight = a.gate, r.x = a.x, r.x_stride = a.x_stride, r.gamma = a.gamma, r.y = a.h, r.n = a.n, r.k = a.k, r.batch = a.batch;
+  const bool gate_up = p.c.batch <= ops::q4k_gemv_max_batch(p.c.k, 2);
   const ops::GemvLaunch launch = p.c.launch();
-  ENCORE_OK(ops::gate_up_q4k_gemv(a, nullptr, launch));
+  auto run = [&](cudaStream_t stream) {
+    return gate_up ? ops::gate_up_q4k_gemv(a, stream, launch) : ops::rmsnorm_q4k_gemv(r, stream, launch);
+  };
+  ENCORE_OK(run(nullptr));
   const auto first = p.dy.download();
   p.dy.poison();
-  ENCORE_OK(ops::gate_up_q4k_gemv(a, nullptr, launch));
+  ENCORE_OK(run(nullptr));
   EXPECT_TRUE(test::bitwise_equal(first.data(), p.dy.download().data(), first.size() * 4));
 
   cudaStream_t stream;
@@ -362,7 +384,7 @@ TEST_P(Q4kGemvDeterminism, RepeatsAndGraphReplaysAreBitIdentical) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  ENCORE_OK(ops::gate_up_q4k_gemv(a, stream, launch));
+  ENCORE_OK(run(stream));
   CUDA_OK(cudaStreamEndCapture(stream, &graph));
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   for (int i = 0; i < 3; ++i) {
@@ -376,7 +398,8 @@ TEST_P(Q4kGemvDeterminism, RepeatsAndGraphReplaysAreBitIdentical) {
   cudaStreamDestroy(stream);
 }
 INSTANTIATE_TEST_SUITE_P(Cores, Q4kGemvDeterminism,
-                         testing::Values(Case{4096, 2304, 3}, Case{4096, 2304, 16}, Case{4096, 2304, 16, ops::GemvCore::kMma}),
+                         testing::Values(Case{4096, 2304, 3}, Case{4096, 2304, 16}, Case{4096, 2304, 16, ops::GemvCore::kMma},
+                                         Case{4096, 2304, 32}),
                          case_name);
 
 // y += W x in place (residual == y).
@@ -399,7 +422,7 @@ TEST(Q4kGemvValidationGpu, RejectedCallsWriteNothing) {
   std::mt19937_64 rng(test::fresh_seed());
   Problem p({256, 512, 1}, false, rng);
   ops::Q4kGemvParams a = p.plain_params();
-  a.batch = 17;
+  a.batch = ops::kMaxGemvBatch + 1;
   EXPECT_EQ(ops::q4k_gemv(a, nullptr).code(), StatusCode::kOutOfRange);
   a.batch = 1;
   a.k = 300;
@@ -461,7 +484,7 @@ TEST_P(Q4kGemvImage, CopiedImageGivesTheSameBits) {
 }
 INSTANTIATE_TEST_SUITE_P(F16, Q4kGemvImage,
                          testing::Values(Case{2304, 4096, 16}, Case{4096, 2304, 16}, Case{12576, 2304, 13}, Case{2304, 4096, 8},
-                                         Case{37, 2304, 5}, Case{37, 2304, 3}),
+                                         Case{37, 2304, 5}, Case{37, 2304, 3}, Case{12576, 2304, 32}, Case{4096, 2304, 20}),
                          case_name);
 
 // An image too small for the launch's plan, or misaligned, is rejected before anything runs.

@@ -202,6 +202,45 @@ TEST(Q4kGemvCore, Fp16CoreWhereItFits) {
 }
 
 
+// Above 16 rows only the fp16 core runs, with one matrix, where all of K's activations fit a block
+// (K <= 2304 at 32 rows): q4k_gemv_max_batch says so, and every other launch is refused before
+// anything runs (any machine).
+TEST(Q4kGemvCore, WideTierOnTheFp16CoreWithOneMatrix) {
+  using ops::GemvCore;
+  for (std::int64_t k : {256, 2304, 4096, 14336})
+    for (int nmat : {1, 2}) {
+      const bool wide = nmat == 1 && k <= 2304;
+      EXPECT_EQ(ops::q4k_gemv_max_batch(k, nmat), wide ? 32 : 16) << k << " " << nmat;
+      for (int batch : {17, 32}) {
+        EXPECT_EQ(ops::q4k_gemv_core(k, batch, nmat), wide ? GemvCore::kMmaF16 : GemvCore::kDp4a) << k << " " << batch;
+        EXPECT_EQ(ops::q4k_gemv_core(k, batch, nmat, GemvCore::kMma), GemvCore::kDp4a) << k << " " << batch;
+      }
+    }
+  alignas(16) static float x[32 * 4096], y[32 * 4096];
+  ops::Q4kGemvParams a = valid_plain();
+  a.x = x, a.y = y, a.batch = 32, a.k = 1024;
+  EXPECT_TRUE(ops::q4k_gemv_validate(a).ok());
+  a.batch = 33;
+  EXPECT_EQ(ops::q4k_gemv_validate(a).code(), StatusCode::kOutOfRange);
+  a.batch = 17, a.k = 4096, a.n = 1;  // (K too long for 32 rows of fp16 activations)
+  EXPECT_EQ(ops::q4k_gemv_validate(a).code(), StatusCode::kUnsupported);
+  EXPECT_EQ(ops::q4k_gemv(a, nullptr).code(), StatusCode::kUnsupported);
+  a = valid_plain();
+  a.x = x, a.y = y, a.batch = 20;
+  for (GemvCore core : {GemvCore::kDp4a, GemvCore::kMma}) {
+    ops::GemvLaunch launch;
+    launch.core = core;
+    EXPECT_EQ(ops::q4k_gemv(a, nullptr, launch).code(), StatusCode::kUnsupported) << int(core);
+  }
+  ops::RmsNormQ4kGemvParams r = valid_rmsnorm();
+  r.x = x, r.y = y, r.batch = 32;
+  EXPECT_TRUE(ops::rmsnorm_q4k_gemv_validate(r).ok());
+  ops::GateUpQ4kGemvParams g = valid_gate_up();
+  g.x = x, g.h = y, g.batch = 17;
+  EXPECT_EQ(ops::gate_up_q4k_gemv_validate(g).code(), StatusCode::kUnsupported);
+  EXPECT_EQ(ops::gate_up_q4k_gemv(g, nullptr).code(), StatusCode::kUnsupported);
+}
+
 // Values outside the documented domain: an infinite eps, an output mode that is not in the enum.
 TEST(Q4kGemvValidation, EpsAndOutputModeDomains) {
   auto r = valid_rmsnorm();

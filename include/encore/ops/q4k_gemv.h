@@ -1,11 +1,12 @@
-// Q4_K GEMV family for decode (1..16 activation rows):
+// Q4_K GEMV family for decode (1..32 activation rows; above 16 only where q4k_gemv_max_batch allows):
 //   q4k_gemv          y[b] = W x[b]                       (+ residual[b])
 //   rmsnorm_q4k_gemv  y[b] = W (rmsnorm(x[b]) * gamma)    (+ residual[b]; optionally writes the normalised x)
 //   gate_up_q4k_gemv  h[b] = silu(Wg n[b]) * (Wu n[b]), n = x or rmsnorm(x)*gamma; or raw gate and up
 // W is N x K Q4_K (GGUF layout: row r = K/256 consecutive blocks), fp32 activations and outputs.
 // Activations are quantised to int8 per 32 values inside the kernel (docs/q4k.md §8); the
 // result differs from fp32 math by ~0.5% relative L2 on Gaussian data (see ref::q4k_gemv_int8).
-// The int8 dot products run on dp4a (1..4 tokens) or int8 tensor cores (5..16, GemvCore).
+// The int8 dot products run on dp4a (1..4 tokens) or int8 tensor cores (5..16, GemvCore); the fp16
+// core takes 5..16 tokens, and 17..32 with one matrix where all of K's activations fit a block.
 #pragma once
 
 #include <cstddef>
@@ -18,7 +19,10 @@
 
 namespace encore::ops {
 
-inline constexpr int kMaxGemvBatch = 16;
+// Rows of one launch: 1..16 on every core and shape; 17..32 only on the fp16 core (GemvCore::kAuto
+// or kMmaF16) with one matrix (plain or RMSNorm, not gate/up) and k <= 2304 (q4k_gemv_max_batch):
+// its 32-token tier dequantises each weight once for 32 rows.
+inline constexpr int kMaxGemvBatch = 32;
 
 struct Q4kGemvParams {
   const q4k::Block* weight = nullptr;  // [n][k/256], 16-byte aligned
@@ -27,7 +31,7 @@ struct Q4kGemvParams {
   const float* residual = nullptr;     // optional [batch][y_stride]; may equal y (y += W x)
   std::int64_t n = 0;                  // output rows
   std::int64_t k = 0;                  // inputs, a multiple of 256
-  int batch = 1;                       // 1..kMaxGemvBatch
+  int batch = 1;                       // 1..q4k_gemv_max_batch(k, 1)
   std::int64_t x_stride = 0;           // elements between activation rows (0: k); a multiple of 4
   std::int64_t y_stride = 0;           // elements between output rows (0: n)
 };
@@ -71,7 +75,8 @@ enum class GemvCore {
   kAuto,  // dp4a below kGemvMmaMinBatch tokens, fp16 mma from there (else int8 mma, else dp4a: the first whose plan fits)
   kDp4a,  // dp4a on CUDA cores, every batch
   kMma,   // int8 mma.sync (docs/q4k.md §9) for batches of 5..16 tokens (its 8 / 16 tiers); dp4a below
-  // fp16 mma.sync on sc * q weights and scaled fp16 activations (docs/q4k.md §9.2), 5..16 tokens;
+  // fp16 mma.sync on sc * q weights and scaled fp16 activations (docs/q4k.md §9.2), 5..32 tokens
+  // (17..32: one matrix, where q4k_gemv_max_batch allows);
   // dp4a below. More accurate than the int8 cores (fp16 rounding of each activation, relative
   // 2^-11, against int8's amax / 254), so it rounds differently from them.
   kMmaF16,
@@ -100,6 +105,10 @@ inline constexpr std::size_t kGemvActImageBytes = 227 * 1024;  // a block's shar
 // tiers and all of K's activations in one shared-memory chunk, else dp4a runs). Host only: the
 // choice does not depend on the device. num_matrices: 1 (plain, RMSNorm) or 2 (gate/up).
 GemvCore q4k_gemv_core(std::int64_t k, int batch, int num_matrices, GemvCore requested = GemvCore::kAuto);
+
+// The most rows one launch of this K takes (kMaxGemvBatch, or 16 where the fp16 core's 32-token
+// plan does not fit or num_matrices is 2). Host only. A caller with more rows splits them.
+int q4k_gemv_max_batch(std::int64_t k, int num_matrices);
 
 // The launchers' argument checks alone (dims, null / misaligned pointers, overlaps), without a
 // device or a launch: a pipeline can check a whole stage table on the host.

@@ -48,10 +48,13 @@ struct BufferOptions {
   ops::GemvCore gemv_core = ops::GemvCore::kAuto;
 };
 
-// Rows of the buffers the Q4_K GEMVs read and write (x, the projections, logits). The GEMVs take at
-// most ops::kMaxGemvBatch (16) rows, so a larger batch runs them as stages of 16 rows each; these
-// buffers then have rows up to the next multiple of 16, so that every such stage runs all 16 rows
-// at the 16-token tier (the rows past the batch are pad rows nothing else reads).
+// Rows of one Q4_K GEMV stage: a larger batch runs each GEMV as stages of this many rows (the
+// tier every core and shape takes; the megakernel runs one GEMV token tier).
+inline constexpr int kGemvStageRows = 16;
+
+// Rows of the buffers the Q4_K GEMVs read and write (x, the projections, logits): the batch, or
+// above kGemvStageRows the next multiple of it, so that every stage runs all its rows at its tier
+// (the rows past the batch are pad rows nothing else reads).
 std::int64_t gemv_rows(int batch);
 
 // Floats per row of the projection buffers (rounded up to a multiple of 4 for the ops' strides).
