@@ -1,5 +1,5 @@
-// Q4_K GEMV family at Kimi-Linear-48B-A3B and Llama-3-8B shapes, batch 1/4/8/16 (and 32 where one launch takes it), weights rotated
-// beyond L2; side by side: cuBLASLt bf16 GEMV of the same shape and the unfused chains
+// Q4_K GEMV family at Kimi-Linear-48B-A3B and Llama-3-8B shapes, batch 1/4/8/16 (and 32 where one
+// launch takes it), weights rotated beyond L2; side by side: cuBLASLt bf16 GEMV of the same shape and the unfused chains
 // (RMSNorm kernel + GEMV; gate GEMV + up GEMV + SiLU-mul).
 #include <encore/ops/q4k_gemv.h>
 

@@ -81,7 +81,7 @@ int plan_memory(GemvTileParams& p, int ntok, int nmat) {
       return 1;
     }
   }
-  p.chunk_blocks = p.slot_blocks;  // unreachable for kMaxTokens tokens; the launcher checks the size
+  p.chunk_blocks = p.slot_blocks;  // unreachable for kMaxCoreTokens tokens; the launcher checks the size
   return 1;
 }
 
@@ -182,14 +182,19 @@ bool plan_mma(GemvTileParams& p, int ntok, int nmat, int sms, int k_parts, bool 
   return true;
 }
 
-// Whether a tensor-core core runs ntok tokens (their 8 / 16 tiers), if its plan fits; sets p's plan
-// then. Asked for, the named core; by default from kGemvMmaMinBatch tokens, the fp16 one (faster on
-// every Kimi shape at 8 and 16 tokens: docs/q4k.md §9.3), else the int8 one where fp16's does not fit.
+// Whether a launch asking for `core` may take the wide tier (above kMaxCoreTokens tokens: the fp16
+// core only).
+bool wide_tier_core(GemvCore core) { return core == GemvCore::kAuto || core == GemvCore::kMmaF16; }
+
+// Whether a tensor-core core runs ntok tokens (their 8 / 16 tiers, the fp16 one's 32), if its plan
+// fits; sets p's plan then. Asked for, the named core; by default from kGemvMmaMinBatch tokens, the
+// fp16 one (faster on every Kimi shape at 8 and 16 tokens: docs/q4k.md §9.3), else the int8 one
+// where fp16's does not fit.
 bool plan_mma_if_chosen(GemvTileParams& p, int ntok, int nmat, const GemvLaunch& launch, int sms) {
   if (ntok < 8) return false;
   const int parts = launch.mma_k_parts;
   if (ntok > gemv::kMaxCoreTokens)  // (the wide tier: the fp16 core with one matrix only)
-    return nmat == 1 && (launch.core == GemvCore::kAuto || launch.core == GemvCore::kMmaF16) && plan_mma(p, ntok, nmat, sms, parts, true);
+    return nmat == 1 && wide_tier_core(launch.core) && plan_mma(p, ntok, nmat, sms, parts, true);
   switch (launch.core) {
     case GemvCore::kMmaF16: return plan_mma(p, ntok, nmat, sms, parts, true);
     case GemvCore::kMma: return plan_mma(p, ntok, nmat, sms, parts, false);
@@ -272,7 +277,7 @@ __global__ void __launch_bounds__(kBlockThreads) gemv_image_kernel(const __grid_
 
 Status launch_gemv(const GemvTileParams& p, int nmat, cudaStream_t stream, GemvLaunch options) {
   ENCORE_RETURN_IF_ERROR(check_options(options));  // (before the stream: bad options fail without a device)
-  ENCORE_REQUIRE(p.batch <= gemv::kMaxCoreTokens || options.core == GemvCore::kAuto || options.core == GemvCore::kMmaF16,
+  ENCORE_REQUIRE(p.batch <= gemv::kMaxCoreTokens || wide_tier_core(options.core),
                  StatusCode::kUnsupported, "q4k gemv: batch = ", p.batch, " (above ", gemv::kMaxCoreTokens,
                  ") runs on the fp16 core only; GemvLaunch::core asks for another");
   ENCORE_RETURN_IF_ERROR(detail::check_stream(stream));

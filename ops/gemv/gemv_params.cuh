@@ -54,7 +54,6 @@ struct GemvTileParams {
 // a wide tier of kWideTokens (ops::kMaxGemvBatch), where all of K's activations fit one block.
 inline constexpr int kMaxCoreTokens = 16;
 inline constexpr int kWideTokens = 32;
-inline constexpr int kMaxTokens = kWideTokens;
 static_assert(kWideTokens == ops::kMaxGemvBatch, "the public batch bound is the wide tier");
 // Rows of an mma-core row group (the M of one m16n8k32). A tile is kWarpsPerBlock >> mma_part_bits
 // row groups; the 1 << mma_part_bits warps of a group stream its rows, each over its own K part.

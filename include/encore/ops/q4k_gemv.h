@@ -102,8 +102,9 @@ struct GemvLaunch {
 inline constexpr std::size_t kGemvActImageBytes = 227 * 1024;  // a block's shared memory at most
 
 // The core a launch with these dims runs for `requested` (the mma cores need their 8 / 16-token
-// tiers and all of K's activations in one shared-memory chunk, else dp4a runs). Host only: the
-// choice does not depend on the device. num_matrices: 1 (plain, RMSNorm) or 2 (gate/up).
+// tiers and all of K's activations in one shared-memory chunk, else dp4a runs; above 16 rows,
+// where only the fp16 core may run, kDp4a means the launch is refused). Host only: the choice does
+// not depend on the device. num_matrices: 1 (plain, RMSNorm) or 2 (gate/up).
 GemvCore q4k_gemv_core(std::int64_t k, int batch, int num_matrices, GemvCore requested = GemvCore::kAuto);
 
 // The most rows one launch of this K takes (kMaxGemvBatch, or 16 where the fp16 core's 32-token
