@@ -4,7 +4,7 @@
 // graph-vs-megakernel table over batches and contexts is bench/ab/decode_ab.cpp (encore_ab).
 // Bytes per step = pipeline::step_bytes (weights read once, experts touched under uniform routing,
 // KDA state read + write, MLA cache read); % of the measured read bandwidth. Above 16 rows the
-// GEMV stages read their weights once per 16 rows, so that floor is one this design cannot reach.
+// GEMV stages read their weights once per 32 or 16 rows, so that floor is one this design cannot reach.
 #include <algorithm>
 #include <cstdint>
 #include <map>

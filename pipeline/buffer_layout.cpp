@@ -44,6 +44,12 @@ Status add_moe_buffers(const ModelConfig& c, const BufferOptions& o, TensorArena
 
 }  // namespace
 
+int gemv_stage_rows(std::int64_t k, int num_matrices, ops::GemvCore core) {
+  // (the wide tier runs where the launchers would take the fp16 core for kMaxGemvBatch rows)
+  const bool wide = ops::q4k_gemv_core(k, ops::kMaxGemvBatch, num_matrices, core) == ops::GemvCore::kMmaF16;
+  return wide ? ops::kMaxGemvBatch : kGemvStageRows;
+}
+
 std::int64_t gemv_rows(int batch) {
   return batch <= kGemvStageRows ? batch : (std::int64_t(batch) + kGemvStageRows - 1) / kGemvStageRows * kGemvStageRows;
 }

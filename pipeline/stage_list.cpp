@@ -1,5 +1,6 @@
 #include <encore/pipeline/stage_list.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -71,23 +72,28 @@ class Builder {
     return out_.back().params.*member;
   }
 
-  // A Q4_K GEMV stage over the step's B rows: one stage up to kGemvStageRows rows, else one per
-  // kGemvStageRows rows, each running all of them (the GEMV buffers have gemv_rows(max_batch) rows;
-  // the rows past B are pad rows), so every stage runs the same tier. Later stages join the
-  // first: other rows, the same weights.
+  // A Q4_K GEMV stage over the step's B rows: one stage up to kGemvStageRows rows, else stages of
+  // gemv_stage_rows (32 where the fp16 core's wide tier takes this K, else 16), the last one
+  // possibly of 16, each running all of its rows (the GEMV buffers have gemv_rows(max_batch) rows,
+  // a multiple of 16; the rows past B are pad rows). Later stages join the first: other rows, the
+  // same weights.
   template <class P>
   void push_gemv(StageKind kind, StageRole role, int layer, P StageParams::*member, const P& whole) {
     if (B_ <= kGemvStageRows) {
       push(kind, role, layer, member) = whole;
       return;
     }
-    for (int first = 0; first < B_; first += kGemvStageRows) {
+    const int rows = int(gemv_rows(B_)), per_stage = gemv_stage_rows(whole.k, matrices_of(whole), o_.gemv_core);
+    for (int first = 0; first < rows; first += per_stage) {
       P p = whole;
-      p.batch = kGemvStageRows;
+      p.batch = std::min(per_stage, rows - first);
       offset_rows(p, first);
       push(kind, role, layer, member, first > 0) = p;
     }
   }
+  static int matrices_of(const ops::Q4kGemvParams&) { return 1; }
+  static int matrices_of(const ops::RmsNormQ4kGemvParams&) { return 1; }
+  static int matrices_of(const ops::GateUpQ4kGemvParams&) { return 2; }
   static std::int64_t or_default(std::int64_t stride, std::int64_t dim) { return stride ? stride : dim; }
   static void offset_rows(ops::Q4kGemvParams& p, int rows) {
     const std::int64_t y = rows * or_default(p.y_stride, p.n);

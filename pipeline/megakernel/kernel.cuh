@@ -190,6 +190,10 @@ template <int NTOK, class Wait>
 __device__ void run_gemv(const GemvOp& op, const TileRange& r, char* smem, Wait& wait) {
   using gemv::Core;
   const gemv::GemvTileParams& p = op.p;
+  // The 16-token program also runs the fp16 core's wide tier (17..32 rows, one matrix: the only
+  // plan there).
+  if constexpr (NTOK == gemv::kMaxCoreTokens)
+    if (p.batch > NTOK) return gemv::gemv_body<gemv::kWideTokens, 1, Core::kMmaF16>(p, r, smem, wait);
   if constexpr (NTOK >= 8) {
     if (gemv::core_of(p) == Core::kMmaS8)
       return op.matrices == 2 ? gemv::gemv_body<NTOK, 2, Core::kMmaS8>(p, r, smem, wait)

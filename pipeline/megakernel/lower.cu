@@ -230,9 +230,12 @@ class Lowering {
       if (smem_of(plan.params) <= budget) break;
     plan.smem = smem_of(plan.params);
     const gemv::GemvTileParams& g = plan.params;
-    if (out_.tokens != plan.tokens && gemv_seen_)
+    // The program's tier is the GEMVs' (a wide-tier GEMV, 17..32 rows, runs in the 16-token
+    // program: run_gemv).
+    const int tier = std::min(plan.tokens, gemv::kMaxCoreTokens);
+    if (out_.tokens != tier && gemv_seen_)
       return Status(StatusCode::kInvalidArgument, "megakernel: the stages' GEMVs run different token tiers");
-    out_.tokens = plan.tokens, gemv_seen_ = true;
+    out_.tokens = tier, gemv_seen_ = true;
     Node& n = add(Opcode::kGemv, int(gemv::num_tiles(g)), si, what, plan.smem);
     n.ins.params.gemv = {g, plan.matrices};
     const StageRole role = stages_[si].role;

@@ -93,7 +93,8 @@ TEST(BufferLayout, TinyVariants) {
   }
 }
 
-// Beyond 16 rows the GEMVs run in stages of 16: their buffers get rows up to the next multiple of 16.
+// Beyond 16 rows the GEMVs run in stages of 32 or 16 rows: their buffers get rows up to the next
+// multiple of 16.
 TEST(BufferLayout, BatchesBeyondTheGemvsSixteenRows) {
   EXPECT_EQ(gemv_rows(1), 1);
   EXPECT_EQ(gemv_rows(16), 16);

@@ -203,7 +203,7 @@ INSTANTIATE_TEST_SUITE_P(Tiny, MegakernelTwoPerSm,
                                   (info.param.stress ? "_Stress" : "");
                          });
 
-// Beyond 16 rows (the GEMVs in stages of 16 rows, the last one partly pad rows): the tiny model
+// Beyond 16 rows (the GEMVs in stages of 32 and 16 rows, the last one partly pad rows): the tiny model
 // at 40 rows, every row its own slot and pages; on the default GEMV core and on the int8 one.
 TEST(MegakernelTinyWide, MatchesTheGraphBitForBit) {
   ENCORE_REQUIRE_GPU();

@@ -105,7 +105,7 @@ TEST(MegakernelLower, ProgramsAreSoundMinimalAndOrdered) {
                         {"tiny rope", ModelConfig::tiny(true), 1, 3},
                         {"kimi b1", ModelConfig::kimi_linear_48b(), 1, 16},
                         {"kimi b16", ModelConfig::kimi_linear_48b(), 16, 16},
-                        {"tiny b40 (GEMVs in stages of 16)", ModelConfig::tiny(), 40, 40},
+                        {"tiny b40 (GEMVs in stages of 32 and 16)", ModelConfig::tiny(), 40, 40},
                         {"kimi b64", ModelConfig::kimi_linear_48b(), 64, 64},
                         {"kimi b16, int8 GEMV core", ModelConfig::kimi_linear_48b(), 16, 16, ops::GemvCore::kMma},
                         {"kimi b64, int8 GEMV core", ModelConfig::kimi_linear_48b(), 64, 64, ops::GemvCore::kMma}};

@@ -331,18 +331,17 @@ const float* residual(const Stage& t) {
   return t.kind == StageKind::kRmsNormGemv ? t.params.rms_gemv.residual : t.kind == StageKind::kGemv ? t.params.gemv.residual : nullptr;
 }
 
-// Beyond 16 rows every Q4_K GEMV becomes stages of 16 rows each (the 16-token tier), the later
-// ones joining the first; nothing else changes.
-TEST(StageList, BatchesBeyondSixteenRowsRunTheGemvsInStagesOfSixteen) {
+// Beyond 16 rows every Q4_K GEMV becomes stages of gemv_stage_rows rows (32 where the fp16 core's
+// wide tier takes its K and matrices, else 16; a last stage of 16 where the padded rows end), the
+// later ones joining the first; nothing else changes.
+TEST(StageList, BatchesBeyondSixteenRowsRunTheGemvsInStages) {
   const Built one(ModelConfig::kimi_linear_48b());
   for (int batch : {17, 40, 64}) {
     SCOPED_TRACE(batch);
     const Built b(ModelConfig::kimi_linear_48b(), batch, batch);  // max_batch = batch: the padding must cover the last stage
-    const int chunks = (batch + 15) / 16;
-    // 57 GEMV stages per step: 20 x 2 KDA, 7 x 2 MLA, 2 dense, the head.
-    EXPECT_EQ(b.stages.size(), 166u + 57u * (chunks - 1));
-    EXPECT_EQ(dependency_levels(b.stages), 158);
+    const int rows = int(gemv_rows(batch));
     std::size_t j = 0;  // the one-stage table's stage this one comes from
+    int wide = 0;       // GEMVs in 32-row stages
     for (std::size_t i = 0; i < b.stages.size(); ++i, ++j) {
       const Stage& s = b.stages[i];
       const Status st = validate_stage(s);
@@ -352,32 +351,43 @@ TEST(StageList, BatchesBeyondSixteenRowsRunTheGemvsInStagesOfSixteen) {
         EXPECT_EQ(s.role, one.stages[j].role) << i;
         continue;
       }
+      const int per = gemv_stage_rows(v.k, v.w[1] ? 2 : 1, ops::GemvCore::kAuto);
+      EXPECT_EQ(per, v.k <= 2304 && !v.w[1] ? 32 : 16) << "stage " << i;
+      wide += per == 32;
       auto input = [](const Stage& t) {
         return t.kind == StageKind::kRmsNormGemv ? t.params.rms_gemv.x : t.kind == StageKind::kGemv ? t.params.gemv.x : t.params.gate_up.x;
       };
+      const int chunks = (rows + per - 1) / per;
       for (int c = 0; c < chunks; ++c) {
+        ASSERT_LT(i + c, b.stages.size());
         const Stage& t = b.stages[i + c];
         ASSERT_EQ(t.role, one.stages[j].role) << i + c;
         EXPECT_EQ(t.joins_previous, c > 0);
         GemvView w;
         ASSERT_TRUE(gemv_view(t, w));
-        EXPECT_EQ(w.batch, 16);
+        const int first = c * per;
+        EXPECT_EQ(w.batch, std::min(per, rows - first));
+        EXPECT_EQ(w.batch % 16, 0);
         EXPECT_EQ(w.w[0], v.w[0]);
         const std::int64_t stride = t.kind == StageKind::kRmsNormGemv && t.params.rms_gemv.x_stride ? t.params.rms_gemv.x_stride : w.k;
-        EXPECT_EQ(input(t), input(s) + std::int64_t(c) * 16 * stride) << "stage " << i + c;
-        // Its output rows (and the residual they add, read in place) start 16 c rows on, and its
-        // 16 rows end inside the step arena (the GEMV buffers have gemv_rows rows).
+        EXPECT_EQ(input(t), input(s) + std::int64_t(first) * stride) << "stage " << i + c;
+        // Its output rows (and the residual they add, read in place) start `first` rows on, and
+        // its rows end inside the step arena (the GEMV buffers have gemv_rows rows).
         const float* y = output(t);
         const std::int64_t y_stride = output_stride(t, w.n);
-        EXPECT_EQ(y, output(s) + std::int64_t(c) * 16 * y_stride) << "stage " << i + c;
-        EXPECT_EQ(residual(t), residual(s) ? residual(s) + std::int64_t(c) * 16 * y_stride : nullptr) << "stage " << i + c;
+        EXPECT_EQ(y, output(s) + std::int64_t(first) * y_stride) << "stage " << i + c;
+        EXPECT_EQ(residual(t), residual(s) ? residual(s) + std::int64_t(first) * y_stride : nullptr) << "stage " << i + c;
         if (t.kind == StageKind::kGemv && t.params.gemv.residual) EXPECT_EQ(residual(t), y) << "stage " << i + c;
-        const auto end = reinterpret_cast<std::uintptr_t>(y + 15 * y_stride + w.n);
+        const auto end = reinterpret_cast<std::uintptr_t>(y + (w.batch - 1) * y_stride + w.n);
         EXPECT_LE(end, reinterpret_cast<std::uintptr_t>(b.bases.buffers) + std::uintptr_t(b.buffers.total_bytes())) << "stage " << i + c;
       }
       i += chunks - 1;
     }
     EXPECT_EQ(j, one.stages.size());
+    EXPECT_EQ(dependency_levels(b.stages), 158);
+    // Of Kimi's 57 GEMVs a step, the KDA and MLA in-projections (20 + 7) and the head take
+    // K = 2304 with one matrix; the out-projections (K = 4096) and the dense MLP do not.
+    EXPECT_EQ(wide, 28);
   }
   const Built a(ModelConfig::tiny(true), 40, 40), again(ModelConfig::tiny(true), 40, 40);
   ASSERT_EQ(a.stages.size(), again.stages.size());

@@ -48,9 +48,12 @@ struct BufferOptions {
   ops::GemvCore gemv_core = ops::GemvCore::kAuto;
 };
 
-// Rows of one Q4_K GEMV stage: a larger batch runs each GEMV as stages of this many rows (the
-// tier every core and shape takes; the megakernel runs one GEMV token tier).
+// Above kGemvStageRows rows (the tier every core and shape takes) a step runs each Q4_K GEMV as
+// stages of gemv_stage_rows rows: 32 where the fp16 core's wide tier takes the GEMV's K and
+// matrices (ops::q4k_gemv_max_batch; the core asked for is kAuto or kMmaF16), else 16. The last
+// stage of a GEMV may be 16 rows.
 inline constexpr int kGemvStageRows = 16;
+int gemv_stage_rows(std::int64_t k, int num_matrices, ops::GemvCore core);
 
 // Rows of the buffers the Q4_K GEMVs read and write (x, the projections, logits): the batch, or
 // above kGemvStageRows the next multiple of it, so that every stage runs all its rows at its tier

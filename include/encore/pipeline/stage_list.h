@@ -15,8 +15,8 @@
 //              gate/up, down + ordered combine + residual); both read the residual stream x
 //   head:      final RMSNorm + LM-head GEMV -> logits
 // Kimi-Linear: 166 stages in 158 dependency levels (the scheduler joins the gather, kv_append joins
-// q_absorb) up to 16 rows; above, each of the 57 Q4_K GEMV stages runs per 16 rows (166 + 57
-// (ceil(B / 16) - 1) stages, the extra ones joining the first, the same 158 levels). The cut of the MoE
+// q_absorb) up to 16 rows; above, each of the 57 Q4_K GEMV stages runs per gemv_stage_rows rows (32
+// or 16: docs/model.md §4), the extra stages joining the first, the same 158 levels. The cut of the MoE
 // layer differs from docs/model.md's ([norm + router + top-k + work list] [gate/up] [down]): the norm is
 // fused into both MoE ops and the work list is built inside moe_experts. Graph-path kernels are
 // more than stages: moe_router launches two (logits, top-k), and moe_experts two (up to 8 tokens)
