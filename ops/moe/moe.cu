@@ -28,7 +28,8 @@ using moe::RouterTopkParams;
 template <int kTok>
 __global__ void __launch_bounds__(kBlockThreads) router_gemv_kernel(const __grid_constant__ RouterGemvParams p) {
   device::PdlWait wait;
-  moe::router_gemv_body<kTok>(p, device::GridRange{}, wait);
+  extern __shared__ __align__(16) char smem[];
+  moe::router_gemv_body<kTok>(p, device::GridRange{}, smem, wait);
 }
 
 template <class Form>
@@ -282,7 +283,7 @@ RouterTopkParams topk_params(const MoeRoutingConfig& c, const float* logits, int
 // One instantiation per top-k form (validate_routing_config bounds E by 512 = 32 x 16).
 Status launch_fused_router(const RouterGemvParams& g, const RouterTopkParams& t, int* counter, cudaStream_t stream) {
   const int tiles = moe::router_gemv_tiles(g);
-  const std::size_t smem = moe::router_fused_smem_bytes(t.config);
+  const std::size_t smem = moe::router_fused_smem_bytes(t.config, g);
   return moe::with_topk_form(moe::fused_topk_form(t.config, t.batch), [&](auto f) {
     auto* kernel = g.batch == 1 ? router_fused_kernel<decltype(f), 1> : router_fused_kernel<decltype(f), moe::kRouterTokensPerRound>;
     return detail::launch(kernel, tiles, smem, stream, true, "moe router kernel", g, t, counter);
@@ -386,7 +387,7 @@ moe::RouterPlan router_plan(const MoeRouterParams& a) {
   r.topk_smem = moe::router_topk_smem_bytes(a.config);
   r.counter = a.batch <= kMoeRouterOnePassMaxBatch ? a.counter : nullptr;
   r.fused_form = moe::fused_topk_form(a.config, a.batch);
-  r.fused_smem = moe::router_fused_smem_bytes(a.config);
+  r.fused_smem = moe::router_fused_smem_bytes(a.config, g);
   return r;
 }
 }  // namespace
@@ -397,7 +398,8 @@ Status moe_router(const MoeRouterParams& a, cudaStream_t stream) {
   const moe::RouterPlan r = router_plan(a);
   if (r.counter) return launch_fused_router(r.gemv, r.topk, r.counter, stream);
   auto* gemv = r.gemv.batch == 1 ? router_gemv_kernel<1> : router_gemv_kernel<moe::kRouterTokensPerRound>;
-  ENCORE_RETURN_IF_ERROR(detail::launch(gemv, moe::router_gemv_tiles(r.gemv), 0, stream, true, "moe router gemv kernel", r.gemv));
+  ENCORE_RETURN_IF_ERROR(detail::launch(gemv, moe::router_gemv_tiles(r.gemv), moe::router_gemv_smem_bytes(r.gemv), stream, true,
+                                        "moe router gemv kernel", r.gemv));
   return launch_topk(r.topk, stream);
 }
 

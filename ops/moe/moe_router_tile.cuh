@@ -3,7 +3,8 @@
 //                      partial sums per slice, added in slice order by the top-k (deterministic).
 //                      With a fused RMSNorm the rows are W_g * gamma and the tiles of experts
 //                      0..7 also leave each slice's sum of h^2; the top-k scales the logits by
-//                      1 / rms (W_g (gamma * h / rms) = (W_g * gamma) h / rms).
+//                      1 / rms (W_g (gamma * h / rms) = (W_g * gamma) h / rms). From two tokens
+//                      with bf16 weights the tile runs on tensor cores (moe_router_mma.cuh).
 //   router_topk_warp : one warp routes one token: scores, selection bias, group stage, k rounds
 //                      of a 64-bit shuffle maximum on (value desc, index asc) keys, renormalise,
 //                      scale. P = experts per lane is a template parameter, so every per-lane
@@ -24,43 +25,10 @@
 #include "common/block.h"
 #include "common/counters.cuh"
 #include "common/warp.cuh"
+#include "moe/moe_router_mma.cuh"
 
 namespace encore::moe {
 
-inline constexpr int kRouterSliceBlocks = 3;  // 256-value blocks of K per router tile (768 values)
-inline constexpr int kRouterRowsPerTile = kWarpsPerBlock;
-
-struct RouterGemvParams {
-  const void* weight;       // [E][hidden] fp32 or bf16
-  bool weight_bf16;
-  const float* h;           // [batch][hidden]
-  const float* gamma;       // optional [hidden]: fused RMSNorm weight
-  int hidden_blocks;        // hidden / 256
-  int slices;               // ceil(hidden_blocks / kRouterSliceBlocks)
-  int batch;
-  int num_experts;
-  float* partial;           // [slices][batch][E]
-  float* sum_squares;       // [slices][batch], written when gamma is set
-};
-
-struct RouterTopkParams {
-  ops::MoeRoutingConfig config;
-  const float* logits;      // [slices][batch][E], summed over slices in order
-  int slices;
-  const float* sum_squares; // optional [slices][batch]: logits are scaled by rsqrt(sum / hidden + eps)
-  int hidden;
-  float eps;
-  const float* bias;        // optional [E]
-  int batch;
-  int* ids;                 // [batch][k]
-  float* weights;           // [batch][k]
-  float* logits_out;        // optional [batch][E]
-  const int* slot_ids;      // optional [batch]; < 0: pad row
-};
-
-__host__ __device__ inline int router_gemv_tiles(const RouterGemvParams& p) {
-  return (p.num_experts + kRouterRowsPerTile - 1) / kRouterRowsPerTile * p.slices;
-}
 // How the top-k runs (topk_form): a warp per token with `per` experts per lane, for every config;
 // or a block per token with `per` experts per thread where the scores are sigmoids and no group
 // stage runs (Kimi's routing): eight warps select at once, a chain a fraction of one warp's, with
@@ -106,11 +74,12 @@ __host__ __device__ inline TopkForm fused_topk_form(const ops::MoeRoutingConfig&
   const TopkForm form = topk_form(c);
   return form.by_block && batch == 1 ? form : TopkForm{false, topk_lane_width(c.num_experts)};
 }
-// The fused body's: a flag, then the top-k's (the warp form's is the larger).
+// The fused body's: its GEMV's, then (reused) a flag and the top-k's (the warp form's is the larger).
 inline constexpr std::size_t kRouterFusedFlagBytes = 16;
-__host__ __device__ inline std::size_t router_fused_smem_bytes(const ops::MoeRoutingConfig& c) {
+__host__ __device__ inline std::size_t router_fused_smem_bytes(const ops::MoeRoutingConfig& c, const RouterGemvParams& g) {
   const std::size_t warp = topk_warp_smem_bytes(c.num_experts), block = topk_block_smem_bytes(c.top_k);
-  return kRouterFusedFlagBytes + (warp > block ? warp : block);
+  const std::size_t routing = kRouterFusedFlagBytes + (warp > block ? warp : block), gemv = router_gemv_smem_bytes(g);
+  return routing > gemv ? routing : gemv;
 }
 
 // 8 consecutive router weights at `at` (a multiple of 8) as floats.
@@ -505,15 +474,34 @@ __device__ void router_topk_block(const RouterTopkParams& p, int token, char* sm
   __syncthreads();
 }
 // ---- bodies (common/body.cuh) --------------------------------------------------------------------
+// The range's GEMV tiles in the form router_gemv_uses_mma picks (kTok = 1 only runs one token);
+// `smem`: router_gemv_smem_bytes. Each tile's weights are loaded before the wait (only the first
+// tile's loads wait for nothing; later calls return at once).
 template <int kTok = kRouterTokensPerRound, class Range, class Wait>
-__device__ void router_gemv_body(const RouterGemvParams& p, const Range& r, Wait& wait) {
+__device__ void router_gemv_tiles_of(const RouterGemvParams& p, const Range& r, char* smem, Wait& wait) {
   const int tiles = router_gemv_tiles(p);
+  if constexpr (kTok > 1) {
+    if (router_gemv_uses_mma(p)) {
+      for (int tile = r.first(); tile < tiles; tile += r.stride()) {
+        RouterMmaWeights w;
+        load_router_tile_mma(p, tile, w);
+        wait();
+        router_gemv_tile_mma(p, tile, w, smem);
+      }
+      return;
+    }
+  }
   for (int tile = r.first(); tile < tiles; tile += r.stride()) {
     RouterTileWeights w;
-    load_router_tile(p, tile, w);  // (the first tile's before the wait; later calls return at once)
+    load_router_tile(p, tile, w);
     wait();
     router_gemv_tile<kTok>(p, tile, w);
   }
+}
+
+template <int kTok = kRouterTokensPerRound, class Range, class Wait>
+__device__ void router_gemv_body(const RouterGemvParams& p, const Range& r, char* smem, Wait& wait) {
+  router_gemv_tiles_of<kTok>(p, r, smem, wait);
   wait();  // (a block without a tile)
 }
 
@@ -542,13 +530,8 @@ template <class Form, int kTok = kRouterTokensPerRound, class Range, class Wait>
 __device__ void router_fused_body(const RouterGemvParams& g, const RouterTopkParams& t, int* counter, const Range& r, char* smem,
                                   Wait& wait) {
   const int tiles = router_gemv_tiles(g);
-  int mine = 0;
-  for (int tile = r.first(); tile < tiles; tile += r.stride(), ++mine) {
-    RouterTileWeights w;
-    load_router_tile(g, tile, w);  // (the first tile's before the wait; later calls return at once)
-    wait();
-    router_gemv_tile<kTok>(g, tile, w);
-  }
+  const int mine = r.first() < tiles ? (tiles - 1 - r.first()) / r.stride() + 1 : 0;
+  router_gemv_tiles_of<kTok>(g, r, smem, wait);
   wait();  // (a block without a tile)
   int* last = reinterpret_cast<int*>(smem);
   __syncthreads();  // every warp's sums are written

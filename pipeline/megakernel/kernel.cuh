@@ -253,7 +253,7 @@ __device__ __noinline__ void run_op(int slot, const TileRange r, CounterWait& wa
     mla::mla_v_up_body<NTOK>(p, r, wait);
   } else if constexpr (kOp == Opcode::kRouterGemv) {
     const moe::RouterGemvParams& p = ins.params.router_gemv;
-    moe::router_gemv_body<router_tokens_per_round(NTOK)>(p, r, wait);
+    moe::router_gemv_body<router_tokens_per_round(NTOK)>(p, r, smem, wait);
   } else if constexpr (kOp == Opcode::kRouterTopk) {
     const RouterTopkOp& op = ins.params.router_topk;
     moe::with_topk_form(op.form, [&](auto f) { moe::router_topk_body<decltype(f)>(op.p, r, smem, wait); });

@@ -314,7 +314,7 @@ class Lowering {
     // Its GEMV and its top-k, whether or not the stage gives the one-kernel form's counter (same
     // bits, moe.md §2): at one token the top-k's block is left out of the experts' gate/up, where
     // the one-kernel form's last block would reach gate/up last; that form measured no faster here.
-    Node& g = add(Opcode::kRouterGemv, moe::router_gemv_tiles(plan.gemv), si, "moe.router", 0);
+    Node& g = add(Opcode::kRouterGemv, moe::router_gemv_tiles(plan.gemv), si, "moe.router", moe::router_gemv_smem_bytes(plan.gemv));
     g.ins.params.router_gemv = plan.gemv;
     g.info.accesses = {h, ws};
     Node& t = add(Opcode::kRouterTopk, moe::router_topk_tiles(r.batch, plan.topk_form), si, "moe.topk", plan.topk_smem);

@@ -366,7 +366,8 @@ TEST(MoeRouterGpu, LogitsAndRoutingFromHiddenState) {
       for (const int batch : {1, ops::kMoeRouterOnePassMaxBatch, 33}) cases.push_back({bf16, c, batch});
   for (const Case& k : cases) {
     const MoeRoutingConfig& c = k.config;
-    const int E = c.num_experts, hidden = 2304, batch = k.batch;
+    // (Qwen3's hidden 2048 leaves the last K slice two blocks of three)
+    const int E = c.num_experts, hidden = E == 128 ? 2048 : 2304, batch = k.batch;
     SCOPED_TRACE(batch);
     const auto wf = test::random_normal(std::size_t(E) * hidden, rng, 0.f, 0.02f);
     std::vector<std::uint16_t> wb(wf.size());
@@ -387,7 +388,8 @@ TEST(MoeRouterGpu, LogitsAndRoutingFromHiddenState) {
 }
 
 // The fused RMSNorm (norm_weight): the same logits and routing as normalising first (the norm in
-// double, rounded to fp32) and routing the normalised rows; raw rows far from unit scale.
+// double, rounded to fp32) and routing the normalised rows; raw rows far from unit scale. fp32
+// weights, and bf16 ones (from two tokens the tensor-core tile: gamma scales h there, not the rows).
 TEST(MoeRouterGpu, FusedNormMatchesNormThenRoute) {
   ENCORE_REQUIRE_GPU();
   const auto seed = test::fresh_seed();
@@ -396,18 +398,25 @@ TEST(MoeRouterGpu, FusedNormMatchesNormThenRoute) {
   const MoeRoutingConfig c = MoeRoutingConfig::kimi_linear();
   const int E = c.num_experts, hidden = 2304;
   const auto wf = test::random_normal(std::size_t(E) * hidden, rng, 0.f, 0.02f);
+  std::vector<std::uint16_t> wb(wf.size());
+  for (std::size_t i = 0; i < wf.size(); ++i) {
+    const __nv_bfloat16 b = __float2bfloat16(wf[i]);
+    std::memcpy(&wb[i], &b, 2);
+  }
   const auto gamma = test::random_uniform(hidden, rng, 0.5f, 1.5f);
   const auto bias = test::random_uniform(E, rng, -0.1f, 0.1f);
-  for (const int batch : {1, 5, 64}) {
-    SCOPED_TRACE(batch);
-    const auto x = test::random_normal(std::size_t(batch) * hidden, rng, 0.3f, 3.f);
-    std::vector<float> h(x.size());
-    ref::moe_input_norm(x.data(), gamma.data(), batch, hidden, 1e-6, h.data());
-    std::vector<double> want(std::size_t(batch) * E);
-    ref::moe_router_logits(wf.data(), ops::MoeRouterDtype::kFp32, h.data(), batch, E, hidden, want.data());
-    check_router({c, wf.data(), ops::MoeRouterDtype::kFp32, wf.size() * 4, &x, &bias, &gamma, batch, hidden}, want,
-                 "fused-norm router logits");
-  }
+  for (const bool bf16 : {false, true})
+    for (const int batch : {1, 5, 17, 64}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16, batch " : "fp32, batch ") + std::to_string(batch));
+      const auto x = test::random_normal(std::size_t(batch) * hidden, rng, 0.3f, 3.f);
+      std::vector<float> h(x.size());
+      ref::moe_input_norm(x.data(), gamma.data(), batch, hidden, 1e-6, h.data());
+      const auto dtype = bf16 ? ops::MoeRouterDtype::kBf16 : ops::MoeRouterDtype::kFp32;
+      const void* weight = bf16 ? static_cast<const void*>(wb.data()) : wf.data();
+      std::vector<double> want(std::size_t(batch) * E);
+      ref::moe_router_logits(weight, dtype, h.data(), batch, E, hidden, want.data());
+      check_router({c, weight, dtype, wf.size() * (bf16 ? 2 : 4), &x, &bias, &gamma, batch, hidden}, want, "fused-norm router logits");
+    }
 }
 
 // ---- experts --------------------------------------------------------------------------------
