@@ -2,8 +2,8 @@
 # Hardware counters (Nsight Compute) for the questions timings leave open, in one device call:
 #   1. lm_head at 16 tokens on the int8 and the fp16 tensor-core cores, and at 1 token (dp4a):
 #      issue-bound, latency-bound or bandwidth-bound? (bench/notes/2026-12-04-fp16-gemv-core.md)
-#   2. the MoE expert kernels at batch 1 (3 blocks per SM in the graph path), and the router's
-#      GEMV at 16 and 64 tokens (its stalls, and per SASS line where its warps wait);
+#   2. the MoE expert kernels at batch 1 (3 blocks per SM in the graph path) and 64 tokens, and the
+#      router's GEMV at 16 and 64 tokens and its top-k at 64 (stalls; per SASS line at 64);
 #   3. the megakernel at batch 1, 4K context (one block of 8 warps per SM): is it issue-bound
 #      with 8 warps, as bench/notes/2026-12-04-megakernel.md suspects?
 #   4. the same megakernel step per body (source counters, SASS): each body's share of the warp
@@ -58,9 +58,14 @@ prof qkv_b16_f16 'gemv_mma_kernel' 2 1 -- $bench --benchmark_filter='^gemv/q4k/k
 prof moe_experts_b1 'moe_(gate_up|down)_kernel' 4 2 -- $bench --benchmark_filter='^BM_moe_kimi_experts/1/' "${once[@]}"
 # The router's GEMV at 16 and 64 tokens: 96 blocks of 8 warps whose chain grows by a round per
 # four tokens (neither staging h nor tiles of token groups made it faster: docs/moe.md §2).
+# From two tokens the GEMV runs on tensor cores (docs/moe.md §2); the top-k is the other kernel.
 prof moe_router_b16 'router_gemv_kernel' 2 1 -- $bench --benchmark_filter='^BM_moe_kimi_router/16/' "${once[@]}"
+prof moe_router_topk_b64 'router_topk_kernel' 2 1 -- $bench --benchmark_filter='^BM_moe_kimi_router/64/' "${once[@]}"
+# The experts at 64 tokens, 1.6x their bytes-alone probe (issue 27): prepare, gate/up and down.
+prof moe_experts_b64 'moe_(prepare|gate_up|down)_kernel' 6 3 -- $bench --benchmark_filter='^BM_moe_kimi_experts/64/' "${once[@]}"
 prof moe_router_b64 'router_gemv_kernel' 2 1 -- $bench --benchmark_filter='^BM_moe_kimi_router/64/' "${once[@]}"
 prof_source moe_router_b64_source 'router_gemv_kernel' 2 -- $bench --benchmark_filter='^BM_moe_kimi_router/64/' "${once[@]}"
+prof_source moe_gate_up_b64_source 'moe_gate_up_kernel' 2 -- $bench --benchmark_filter='^BM_moe_kimi_experts/64/' "${once[@]}"
 prof megakernel_b1 'megakernel' 2 1 -- build/bench/encore_ab --batches 1 --contexts 4096 --long 0 --steps 1 --rounds 1 \
     --out "$out/ab_profile"
 
