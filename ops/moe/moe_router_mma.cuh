@@ -37,11 +37,13 @@ __host__ __device__ inline std::size_t router_gemv_smem_bytes(const RouterGemvPa
   return router_gemv_uses_mma(p) ? kRouterMmaSmemBytes : 0;
 }
 
+// The first of the calling lane's 4 K values in group `group` of K block `block`.
 __device__ __forceinline__ int router_mma_k(int block, int group) {
   const int warp = threadIdx.x / 32, t = threadIdx.x % 4;
   return block * 256 + warp * 32 + group * 16 + t * 4;
 }
 
+// The lane's weights of `tile` (settled: the bodies load them before their wait).
 __device__ inline void load_router_tile_mma(const RouterGemvParams& p, int tile, RouterMmaWeights& w) {
   const int expert = (tile / p.slices) * kRouterRowsPerTile + (threadIdx.x % 32) / 4;
   const int kb0 = (tile % p.slices) * kRouterSliceBlocks;

@@ -284,6 +284,16 @@ TEST(MoeTopkGpu, BlockFormGivesTheWarpFormsBits) {
   EXPECT_FALSE(moe::topk_form(MoeRoutingConfig::deepseek_v3()).by_block);
 }
 
+// The bf16 bits of each value (round to nearest even), as the router's bf16 weights.
+std::vector<std::uint16_t> bf16_bits(const std::vector<float>& v) {
+  std::vector<std::uint16_t> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const __nv_bfloat16 b = __float2bfloat16(v[i]);
+    std::memcpy(&out[i], &b, 2);
+  }
+  return out;
+}
+
 // Runs moe_router on device copies of `weight` (fp32 or bf16 bits), h and the optional bias and
 // RMSNorm weight, then checks its logits against `want` (rel. L2 < 1e-5: fp32 accumulation over
 // `hidden` terms) and its routing against the reference top-k of the GPU's own logits. Then with
@@ -370,11 +380,7 @@ TEST(MoeRouterGpu, LogitsAndRoutingFromHiddenState) {
     const int E = c.num_experts, hidden = E == 128 ? 2048 : 2304, batch = k.batch;
     SCOPED_TRACE(batch);
     const auto wf = test::random_normal(std::size_t(E) * hidden, rng, 0.f, 0.02f);
-    std::vector<std::uint16_t> wb(wf.size());
-    for (std::size_t i = 0; i < wf.size(); ++i) {
-      const __nv_bfloat16 b = __float2bfloat16(wf[i]);
-      std::memcpy(&wb[i], &b, 2);
-    }
+    const std::vector<std::uint16_t> wb = bf16_bits(wf);
     const auto h = test::random_normal(std::size_t(batch) * hidden, rng);
     const auto bias = test::random_uniform(E, rng, -0.1f, 0.1f);
     const auto dtype = k.bf16 ? ops::MoeRouterDtype::kBf16 : ops::MoeRouterDtype::kFp32;
@@ -398,11 +404,7 @@ TEST(MoeRouterGpu, FusedNormMatchesNormThenRoute) {
   const MoeRoutingConfig c = MoeRoutingConfig::kimi_linear();
   const int E = c.num_experts, hidden = 2304;
   const auto wf = test::random_normal(std::size_t(E) * hidden, rng, 0.f, 0.02f);
-  std::vector<std::uint16_t> wb(wf.size());
-  for (std::size_t i = 0; i < wf.size(); ++i) {
-    const __nv_bfloat16 b = __float2bfloat16(wf[i]);
-    std::memcpy(&wb[i], &b, 2);
-  }
+  const std::vector<std::uint16_t> wb = bf16_bits(wf);
   const auto gamma = test::random_uniform(hidden, rng, 0.5f, 1.5f);
   const auto bias = test::random_uniform(E, rng, -0.1f, 0.1f);
   for (const bool bf16 : {false, true})
