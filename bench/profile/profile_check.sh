@@ -66,6 +66,8 @@ prof moe_experts_b64 'moe_(prepare|gate_up|down)_kernel' 6 3 -- $bench --benchma
 prof moe_router_b64 'router_gemv_kernel' 2 1 -- $bench --benchmark_filter='^BM_moe_kimi_router/64/' "${once[@]}"
 prof_source moe_router_b64_source 'router_gemv_kernel' 2 -- $bench --benchmark_filter='^BM_moe_kimi_router/64/' "${once[@]}"
 prof_source moe_gate_up_b64_source 'moe_gate_up_kernel' 2 -- $bench --benchmark_filter='^BM_moe_kimi_experts/64/' "${once[@]}"
+# The down kernel at 64 tokens moves its weights at 44% of DRAM peak (2026-12-07): where its warps wait.
+prof_source moe_down_b64_source 'moe_down_kernel' 2 -- $bench --benchmark_filter='^BM_moe_kimi_experts/64/' "${once[@]}"
 prof megakernel_b1 'megakernel' 2 1 -- build/bench/encore_ab --batches 1 --contexts 4096 --long 0 --steps 1 --rounds 1 \
     --out "$out/ab_profile"
 
