@@ -421,6 +421,65 @@ TEST(MoeRouterGpu, FusedNormMatchesNormThenRoute) {
     }
 }
 
+// The tensor-core GEMV (bf16 weights, two tokens or more) gives a token's logits the same bits in
+// every batch: rows of a batch of 64 against the same rows alone in batches of 2, 17 and 33 (a
+// token's 16-token round, its place in the round and the round count all differ), with the fused
+// norm (gamma scales h there). A sum that read another row, or a round's stale loads, would show.
+TEST(MoeRouterGpu, TensorCoreLogitsAreBatchInvariant) {
+  ENCORE_REQUIRE_GPU();
+  const auto seed = test::fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  const MoeRoutingConfig c = MoeRoutingConfig::kimi_linear();
+  const int E = c.num_experts, hidden = 2304, full = 64;
+  const std::vector<std::uint16_t> wb = bf16_bits(test::random_normal(std::size_t(E) * hidden, rng, 0.f, 0.02f));
+  const auto gamma = test::random_uniform(hidden, rng, 0.5f, 1.5f);
+  const auto x = test::random_normal(std::size_t(full) * hidden, rng, 0.3f, 3.f);
+  DeviceBuffer<std::uint16_t> d_w(wb);
+  DeviceBuffer<float> d_gamma(gamma);
+  // The logits of `rows` of x routed as one batch.
+  auto logits_of = [&](const std::vector<int>& rows) {
+    const int batch = int(rows.size());
+    std::vector<float> h;
+    for (const int r : rows) h.insert(h.end(), x.begin() + std::size_t(r) * hidden, x.begin() + std::size_t(r + 1) * hidden);
+    DeviceBuffer<float> d_h(h), logits(std::size_t(batch) * E), weights(std::size_t(batch) * c.top_k);
+    DeviceBuffer<int> ids(std::size_t(batch) * c.top_k);
+    DeviceBuffer<char> ws(ops::moe_router_workspace_bytes(batch, E, hidden));
+    logits.poison(), ws.poison();
+    ops::MoeRouterParams p;
+    p.config = c;
+    p.weight = d_w.get();
+    p.weight_dtype = ops::MoeRouterDtype::kBf16;
+    p.h = d_h.get();
+    p.norm_weight = d_gamma.get();
+    p.norm_eps = 1e-6f;
+    p.hidden = hidden;
+    p.batch = batch;
+    p.topk_ids = ids.get();
+    p.topk_weights = weights.get();
+    p.logits = logits.get();
+    p.workspace = ws.get();
+    p.workspace_bytes = ws.bytes();
+    const Status st = ops::moe_router(p, nullptr);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    return logits.download();
+  };
+  std::vector<int> all(full);
+  for (int r = 0; r < full; ++r) all[r] = r;
+  const std::vector<float> whole = logits_of(all);
+  auto range = [](int first, int count) {
+    std::vector<int> v(count);
+    for (int i = 0; i < count; ++i) v[i] = first + i;
+    return v;
+  };
+  for (const std::vector<int>& rows : {std::vector<int>{5, 40}, range(30, 17), range(0, 33)}) {
+    const std::vector<float> part = logits_of(rows);
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      EXPECT_TRUE(test::bitwise_equal(part.data() + i * E, whole.data() + std::size_t(rows[i]) * E, std::size_t(E) * 4))
+          << "row " << rows[i] << " in a batch of " << rows.size() << " against the batch of " << full;
+  }
+}
+
 // ---- experts --------------------------------------------------------------------------------
 
 struct ExpertShape {
