@@ -294,6 +294,27 @@ std::vector<std::uint16_t> bf16_bits(const std::vector<float>& v) {
   return out;
 }
 
+// Router params over device buffers: routing outputs (ids, weights, logits) and the workspace.
+ops::MoeRouterParams router_params(const MoeRoutingConfig& c, const void* weight, ops::MoeRouterDtype dtype, const float* h,
+                                   const float* gamma, int batch, int hidden, DeviceBuffer<int>& ids, DeviceBuffer<float>& weights,
+                                   DeviceBuffer<float>& logits, DeviceBuffer<char>& ws) {
+  ops::MoeRouterParams p;
+  p.config = c;
+  p.weight = weight;
+  p.weight_dtype = dtype;
+  p.h = h;
+  p.norm_weight = gamma;
+  p.norm_eps = 1e-6f;
+  p.hidden = hidden;
+  p.batch = batch;
+  p.topk_ids = ids.get();
+  p.topk_weights = weights.get();
+  p.logits = logits.get();
+  p.workspace = ws.get();
+  p.workspace_bytes = ws.bytes();
+  return p;
+}
+
 // Runs moe_router on device copies of `weight` (fp32 or bf16 bits), h and the optional bias and
 // RMSNorm weight, then checks its logits against `want` (rel. L2 < 1e-5: fp32 accumulation over
 // `hidden` terms) and its routing against the reference top-k of the GPU's own logits. Then with
@@ -320,21 +341,9 @@ void check_router(const RouterCase& rc, const std::vector<double>& want, const c
   DeviceBuffer<int> ids(std::size_t(rc.batch) * c.top_k);
   DeviceBuffer<char> ws(ops::moe_router_workspace_bytes(rc.batch, E, rc.hidden));
   logits.poison(), weights.poison(), ids.poison(), ws.poison();
-  ops::MoeRouterParams p;
-  p.config = c;
-  p.weight = d_w.get();
-  p.weight_dtype = rc.dtype;
+  ops::MoeRouterParams p =
+      router_params(c, d_w.get(), rc.dtype, d_h.get(), rc.gamma ? d_gamma.get() : nullptr, rc.batch, rc.hidden, ids, weights, logits, ws);
   p.bias = rc.bias ? d_bias.get() : nullptr;
-  p.h = d_h.get();
-  p.norm_weight = rc.gamma ? d_gamma.get() : nullptr;
-  p.norm_eps = 1e-6f;
-  p.hidden = rc.hidden;
-  p.batch = rc.batch;
-  p.topk_ids = ids.get();
-  p.topk_weights = weights.get();
-  p.logits = logits.get();
-  p.workspace = ws.get();
-  p.workspace_bytes = ws.bytes();
   ENCORE_OK(ops::moe_router(p, nullptr));
   const auto got_logits = logits.download();
   EXPECT_LT(test::rel_l2(got_logits, want), 1e-5) << what;
@@ -446,21 +455,8 @@ TEST(MoeRouterGpu, TensorCoreLogitsAreBatchInvariant) {
     DeviceBuffer<int> ids(std::size_t(batch) * c.top_k);
     DeviceBuffer<char> ws(ops::moe_router_workspace_bytes(batch, E, hidden));
     logits.poison(), ws.poison();
-    ops::MoeRouterParams p;
-    p.config = c;
-    p.weight = d_w.get();
-    p.weight_dtype = ops::MoeRouterDtype::kBf16;
-    p.h = d_h.get();
-    p.norm_weight = d_gamma.get();
-    p.norm_eps = 1e-6f;
-    p.hidden = hidden;
-    p.batch = batch;
-    p.topk_ids = ids.get();
-    p.topk_weights = weights.get();
-    p.logits = logits.get();
-    p.workspace = ws.get();
-    p.workspace_bytes = ws.bytes();
-    const Status st = ops::moe_router(p, nullptr);
+    const Status st = ops::moe_router(
+        router_params(c, d_w.get(), ops::MoeRouterDtype::kBf16, d_h.get(), d_gamma.get(), batch, hidden, ids, weights, logits, ws), nullptr);
     EXPECT_TRUE(st.ok()) << st.to_string();
     return logits.download();
   };
