@@ -294,10 +294,10 @@ std::vector<std::uint16_t> bf16_bits(const std::vector<float>& v) {
   return out;
 }
 
-// Router params over device buffers: routing outputs (ids, weights, logits) and the workspace.
+// Router params over device buffers: routing outputs (ids, weights, optional logits) and the workspace.
 ops::MoeRouterParams router_params(const MoeRoutingConfig& c, const void* weight, ops::MoeRouterDtype dtype, const float* h,
                                    const float* gamma, int batch, int hidden, DeviceBuffer<int>& ids, DeviceBuffer<float>& weights,
-                                   DeviceBuffer<float>& logits, DeviceBuffer<char>& ws) {
+                                   float* logits, DeviceBuffer<char>& ws) {
   ops::MoeRouterParams p;
   p.config = c;
   p.weight = weight;
@@ -309,7 +309,7 @@ ops::MoeRouterParams router_params(const MoeRoutingConfig& c, const void* weight
   p.batch = batch;
   p.topk_ids = ids.get();
   p.topk_weights = weights.get();
-  p.logits = logits.get();
+  p.logits = logits;
   p.workspace = ws.get();
   p.workspace_bytes = ws.bytes();
   return p;
@@ -342,7 +342,7 @@ void check_router(const RouterCase& rc, const std::vector<double>& want, const c
   DeviceBuffer<char> ws(ops::moe_router_workspace_bytes(rc.batch, E, rc.hidden));
   logits.poison(), weights.poison(), ids.poison(), ws.poison();
   ops::MoeRouterParams p =
-      router_params(c, d_w.get(), rc.dtype, d_h.get(), rc.gamma ? d_gamma.get() : nullptr, rc.batch, rc.hidden, ids, weights, logits, ws);
+      router_params(c, d_w.get(), rc.dtype, d_h.get(), rc.gamma ? d_gamma.get() : nullptr, rc.batch, rc.hidden, ids, weights, logits.get(), ws);
   p.bias = rc.bias ? d_bias.get() : nullptr;
   ENCORE_OK(ops::moe_router(p, nullptr));
   const auto got_logits = logits.download();
@@ -456,7 +456,7 @@ TEST(MoeRouterGpu, TensorCoreLogitsAreBatchInvariant) {
     DeviceBuffer<char> ws(ops::moe_router_workspace_bytes(batch, E, hidden));
     logits.poison(), ws.poison();
     const Status st = ops::moe_router(
-        router_params(c, d_w.get(), ops::MoeRouterDtype::kBf16, d_h.get(), d_gamma.get(), batch, hidden, ids, weights, logits, ws), nullptr);
+        router_params(c, d_w.get(), ops::MoeRouterDtype::kBf16, d_h.get(), d_gamma.get(), batch, hidden, ids, weights, logits.get(), ws), nullptr);
     EXPECT_TRUE(st.ok()) << st.to_string();
     return logits.download();
   };
@@ -797,17 +797,7 @@ TEST(MoeExpertsGpu, SmallGraphReplayIsDeterministic) {
   DeviceBuffer<int> ids(batch * k);
   DeviceBuffer<char> rws(ops::moe_router_workspace_bytes(batch, E, hidden));
   // Eager reference run through the helper (same weights), for the routing the graph produces.
-  ops::MoeRouterParams r;
-  r.config = c;
-  r.weight = d_wr.get();
-  r.weight_dtype = ops::MoeRouterDtype::kFp32;
-  r.h = d_h.get();
-  r.hidden = hidden;
-  r.batch = batch;
-  r.topk_ids = ids.get();
-  r.topk_weights = weights.get();
-  r.workspace = rws.get();
-  r.workspace_bytes = rws.bytes();
+  ops::MoeRouterParams r = router_params(c, d_wr.get(), ops::MoeRouterDtype::kFp32, d_h.get(), nullptr, batch, hidden, ids, weights, nullptr, rws);
   DeviceBuffer<std::int32_t> counter(std::vector<std::int32_t>{0});
   r.counter = counter.get();  // the one-kernel router, replayed
   cudaStream_t stream;
