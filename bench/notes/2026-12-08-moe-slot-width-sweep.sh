@@ -2,7 +2,7 @@
 # Prepared device call (not run yet; bench/notes/2026-12-07-2305-session.md §2). Build HEAD with
 # 2026-12-08-moe-slot-width-sweep.patch applied (an env hook for the expert streams' K blocks per
 # ring slot, down and gate/up), pack build/ into build_pack/all.tar.xz (no object files), carry
-# build_pack, run this: the experts bench over the choices; ncu per kernel for two; the best
+# build_pack, run this: the expert streams' ring probe (bench/probes/README.md); the experts bench over the choices; ncu per kernel for two; the best
 # against the default in the step (graph and megakernel); the MoE and pipeline tests under it;
 # the down kernel's source counters.
 set -u
@@ -14,6 +14,7 @@ fin() { tar -czf $out/logs.tgz -C $out logs; }
 rm -rf build; tar -xJf build_pack/all.tar.xz
 nvidia-smi --query-gpu=name --format=csv,noheader
 export LD_LIBRARY_PATH=$PWD/build/bench
+timeout 60 build/bench/encore_expert_ring_probe 7 > $L/expert_ring_probe.log 2>&1; echo "expert ring probe rc=$? $(el) s"; cat $L/expert_ring_probe.log
 X="BM_moe_kimi_experts/"
 bn() { ENCORE_X_DOWN_SB=$1 ENCORE_X_GU_SB=$2 timeout 30 build/bench/encore_bench --benchmark_filter="$X" --benchmark_min_time=0.05 > $L/x_$1_$2_$3.log 2>&1
   echo "down=$1 gu=$2 ($3) rc=$? $(el) s: $(grep -E '^BM' $L/x_$1_$2_$3.log | awk '{split($1,a,"/"); printf "%s=%s ", a[2], $NF}')"; }
