@@ -12,7 +12,6 @@
 //   encore_expert_ring_probe [repeats]
 #include <cudaTypedefs.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -21,7 +20,7 @@
 #include <cuda_runtime.h>
 
 #include "common/async_copy.cuh"
-#include "probe_check.h"
+#include "probe_stream.cuh"
 
 namespace {
 
@@ -58,12 +57,6 @@ struct RingArgs {
   unsigned* sink;
 };
 
-__device__ __forceinline__ void spin(int cycles) {
-  const long long t0 = clock64();
-  while (clock64() - t0 < cycles) {
-  }
-}
-
 __global__ void __launch_bounds__(kWarps * 32) ring_kernel(const __grid_constant__ RingArgs a) {
   extern __shared__ __align__(1024) char smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -97,26 +90,11 @@ __global__ void __launch_bounds__(kWarps * 32) ring_kernel(const __grid_constant
     const int slot = int(step % c.slots);
     encore::device::barrier_wait(&bars[slot], unsigned(step / c.slots) & 1u);
     acc += reinterpret_cast<const unsigned*>(ring + slot * slot_bytes)[lane];
-    if (c.work > 0) spin(c.work);
+    if (c.work > 0) probe::spin(c.work);
     __syncwarp();
     fill(step + c.slots);
   }
   if (acc == 0x12345678u) a.sink[0] = acc;  // keeps the loads
-}
-
-// The roof: every byte read once with 16-byte loads.
-__global__ void stream_kernel(const uint4* p, std::int64_t n, unsigned* sink) {
-  unsigned acc = 0;
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x) {
-    const uint4 v = p[i];
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345678u) sink[0] = acc;
-}
-
-float median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
@@ -156,22 +134,8 @@ int main(int argc, char** argv) {
   PROBE_CHECK(cudaGetDeviceProperties(&prop, 0));
   unsigned* sink = nullptr;
   PROBE_CHECK(cudaMalloc(&sink, 64));
-  cudaEvent_t e0, e1;
-  PROBE_CHECK(cudaEventCreate(&e0));
-  PROBE_CHECK(cudaEventCreate(&e1));
-  auto time_it = [&](auto&& launch) {
-    std::vector<float> ms;
-    for (int r = 0; r < repeats + 1; ++r) {
-      PROBE_CHECK(cudaEventRecord(e0));
-      launch(r % kCopies);
-      PROBE_CHECK(cudaGetLastError());
-      PROBE_CHECK(cudaEventRecord(e1));
-      PROBE_CHECK(cudaEventSynchronize(e1));
-      float t = 0;
-      PROBE_CHECK(cudaEventElapsedTime(&t, e0, e1));
-      if (r > 0) ms.push_back(t);
-    }
-    return median(ms) * 1e3f;  // us
+  auto time_it = [&](auto&& launch) {  // each run on the next copy
+    return probe::median_launch_us(repeats, [&](int r) { launch(r % kCopies); });
   };
   std::printf("%s, %d SMs; %d experts' matrices rotated over %d copies; medians of %d\n", prop.name, sms, kExperts, kCopies, repeats);
   // What the plan runs today (2 slots, 2 blocks per SM: down 4 blocks padded, gate/up 3), then
@@ -191,7 +155,7 @@ int main(int argc, char** argv) {
     PROBE_CHECK(cudaMalloc(&mats, bytes * kCopies));
     PROBE_CHECK(cudaMemset(mats, 1, bytes * kCopies));
     const float roof_us = time_it([&](int copy) {
-      stream_kernel<<<sms * 4, 512>>>(reinterpret_cast<const uint4*>(mats + copy * bytes), std::int64_t(bytes / 16), sink);
+      probe::stream_kernel<<<sms * 4, 512>>>(reinterpret_cast<const uint4*>(mats + copy * bytes), std::int64_t(bytes / 16), sink);
     });
     std::printf("\n%s: %lld rows of %d K blocks x %d matrices, %.1f MB; roof (16-byte loads) %.1f us, %.0f GB/s\n", s.name,
                 static_cast<long long>(rows), s.k_blocks, s.matrices, bytes / 1e6, roof_us, bytes / roof_us * 1e-3);

@@ -7,16 +7,14 @@
 // does. No math: what is left is the copy engine's rate for copies of that size, the ring's depth
 // and the consumer's pace. A plain 16-byte-load stream of the same bytes is the roof.
 //   encore_ring_probe [repeats]
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <vector>
 
 #include <cuda_runtime.h>
 
 #include "common/async_copy.cuh"
-#include "probe_check.h"
+#include "probe_stream.cuh"
 
 namespace {
 
@@ -38,12 +36,6 @@ struct RingArgs {
   RingConfig c;
   unsigned* sink;
 };
-
-__device__ __forceinline__ void spin(int cycles) {
-  const long long t0 = clock64();
-  while (clock64() - t0 < cycles) {
-  }
-}
 
 __global__ void ring_kernel(const RingArgs a) {
   extern __shared__ __align__(1024) char smem[];
@@ -82,26 +74,11 @@ __global__ void ring_kernel(const RingArgs a) {
     const int slot = int(step % c.slots);
     encore::device::barrier_wait(&bars[slot], unsigned(step / c.slots) & 1u);
     acc += reinterpret_cast<const unsigned*>(ring + slot * slot_bytes)[lane];
-    if (c.work > 0) spin(c.work);
+    if (c.work > 0) probe::spin(c.work);
     __syncwarp();
     fill(step + c.slots);
   }
   if (acc == 0x12345678u) a.sink[0] = acc;  // keeps the loads
-}
-
-// The roof: every byte read once with 16-byte loads.
-__global__ void stream_kernel(const uint4* p, std::int64_t n, unsigned* sink) {
-  unsigned acc = 0;
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x) {
-    const uint4 v = p[i];
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345678u) sink[0] = acc;
-}
-
-float median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace
@@ -121,25 +98,11 @@ int main(int argc, char** argv) {
   PROBE_CHECK(cudaMalloc(&mats, bytes * kCopies));
   PROBE_CHECK(cudaMalloc(&sink, 64));
   PROBE_CHECK(cudaMemset(mats, 1, bytes * kCopies));
-  cudaEvent_t e0, e1;
-  PROBE_CHECK(cudaEventCreate(&e0));
-  PROBE_CHECK(cudaEventCreate(&e1));
-  auto time_it = [&](auto&& launch) {
-    std::vector<float> ms;
-    for (int r = 0; r < repeats + 1; ++r) {
-      PROBE_CHECK(cudaEventRecord(e0));
-      launch(mats + (r % kCopies) * bytes);
-      PROBE_CHECK(cudaGetLastError());
-      PROBE_CHECK(cudaEventRecord(e1));
-      PROBE_CHECK(cudaEventSynchronize(e1));
-      float t = 0;
-      PROBE_CHECK(cudaEventElapsedTime(&t, e0, e1));
-      if (r > 0) ms.push_back(t);
-    }
-    return median(ms) * 1e3f;  // us
+  auto time_it = [&](auto&& launch) {  // each run on the next copy
+    return probe::median_launch_us(repeats, [&](int r) { launch(mats + (r % kCopies) * bytes); });
   };
   const float roof_us = time_it([&](const char* m) {
-    stream_kernel<<<sms * 4, 512>>>(reinterpret_cast<const uint4*>(m), std::int64_t(bytes / 16), sink);
+    probe::stream_kernel<<<sms * 4, 512>>>(reinterpret_cast<const uint4*>(m), std::int64_t(bytes / 16), sink);
   });
   std::printf("%s, %d SMs; %zu MB (lm_head 163840 x 2304), rotated over %d copies; medians of %d\n", prop.name, sms, bytes >> 20,
               kCopies, repeats);
