@@ -79,22 +79,7 @@ __global__ void __launch_bounds__(kWarps * 32) ring_kernel(const __grid_constant
       encore::device::tma_load_2d(ring + slot * slot_bytes + m * box_stride, &a.map[m], piece * c.width * (kBlockBytes / 4), row,
                                   &bars[slot]);
   };
-  if (lane == 0) {
-    for (int i = 0; i < c.slots; ++i) encore::device::barrier_init(&bars[i], 1);
-    encore::device::fence_barrier_init();
-  }
-  __syncwarp();
-  for (int i = 0; i < c.slots; ++i) fill(i);
-  unsigned acc = 0;
-  for (std::int64_t step = 0; step < steps; ++step) {
-    const int slot = int(step % c.slots);
-    encore::device::barrier_wait(&bars[slot], unsigned(step / c.slots) & 1u);
-    acc += reinterpret_cast<const unsigned*>(ring + slot * slot_bytes)[lane];
-    if (c.work > 0) probe::spin(c.work);
-    __syncwarp();
-    fill(step + c.slots);
-  }
-  if (acc == 0x12345678u) a.sink[0] = acc;  // keeps the loads
+  probe::consume_ring(bars, ring, slot_bytes, c.slots, steps, c.work, fill, a.sink);
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {

@@ -1,5 +1,5 @@
-// What the weight-ring probes share: a consumer's stand-in for math, the read roof (every byte
-// once with 16-byte loads), and a launch's median time over rotated copies.
+// What the weight-ring probes share: the ring's consumer (a spin as the stand-in for math), the read
+// roof (every byte once with 16-byte loads), and a launch's median time over rotated copies.
 #pragma once
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include "common/async_copy.cuh"
 #include "probe_check.h"
 
 namespace probe {
@@ -16,6 +17,32 @@ __device__ __forceinline__ void spin(int cycles) {
   const long long t0 = clock64();
   while (clock64() - t0 < cycles) {
   }
+}
+
+// Warp-wide: a warp's ring of `slots` buffers of `slot_bytes` at `ring`, one mbarrier each at
+// `bars`. Inits the barriers and issues the first `slots` pieces (fill(step) issues piece `step`
+// into buffer step % slots, nothing past the last), then per piece: waits for its buffer, touches
+// it, spins `work` cycles and refills the buffer with the piece `slots` later.
+template <class Fill>
+__device__ void consume_ring(std::uint64_t* bars, const char* ring, int slot_bytes, int slots, std::int64_t steps, int work,
+                             Fill&& fill, unsigned* sink) {
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) {
+    for (int i = 0; i < slots; ++i) encore::device::barrier_init(&bars[i], 1);
+    encore::device::fence_barrier_init();
+  }
+  __syncwarp();
+  for (int i = 0; i < slots; ++i) fill(i);
+  unsigned acc = 0;
+  for (std::int64_t step = 0; step < steps; ++step) {
+    const int slot = int(step % slots);
+    encore::device::barrier_wait(&bars[slot], unsigned(step / slots) & 1u);
+    acc += reinterpret_cast<const unsigned*>(ring + slot * slot_bytes)[lane];
+    if (work > 0) spin(work);
+    __syncwarp();
+    fill(step + slots);
+  }
+  if (acc == 0x12345678u) sink[0] = acc;  // keeps the loads
 }
 
 __global__ void stream_kernel(const uint4* p, std::int64_t n, unsigned* sink) {
