@@ -113,10 +113,8 @@ CUtensorMap encode_map(const void* base, std::int64_t rows, int row_bytes, int b
 
 int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 9;
-  int sms = 0;
-  PROBE_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  cudaDeviceProp prop{};
-  PROBE_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const cudaDeviceProp prop = probe::device_properties();
+  const int sms = prop.multiProcessorCount;
   unsigned* sink = nullptr;
   PROBE_CHECK(cudaMalloc(&sink, 64));
   auto time_it = [&](auto&& launch) {  // each run on the next copy

@@ -54,6 +54,13 @@ __global__ void stream_kernel(const uint4* p, std::int64_t n, unsigned* sink) {
   if (acc == 0x12345678u) sink[0] = acc;  // keeps the loads
 }
 
+// Device 0's properties (its SM count: multiProcessorCount).
+inline cudaDeviceProp device_properties() {
+  cudaDeviceProp prop{};
+  PROBE_CHECK(cudaGetDeviceProperties(&prop, 0));
+  return prop;
+}
+
 // Median of `repeats` timed launches in us, after one untimed; launch(r) gets the run's index
 // (for rotating copies larger than L2).
 template <class Launch>

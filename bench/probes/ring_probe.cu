@@ -70,10 +70,8 @@ __global__ void ring_kernel(const RingArgs a) {
 
 int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::atoi(argv[1]) : 9;
-  int sms = 0;
-  PROBE_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  cudaDeviceProp prop{};
-  PROBE_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const cudaDeviceProp prop = probe::device_properties();
+  const int sms = prop.multiProcessorCount;
   // lm_head's shape: 163840 rows of K = 2304 (9 blocks, 1296 bytes a row), 212 MB.
   const std::int64_t rows = 163840;
   const int k_blocks = 9;
