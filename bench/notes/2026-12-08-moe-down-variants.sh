@@ -6,6 +6,7 @@
 #   v0 HEAD; v1 K-block loop unrolled 2; v2 unrolled 4; v3 next block's bytes loaded a block ahead;
 #   v4 v3 + the next entry's activations loaded an entry ahead; v5 down at 3 blocks per SM, width 2;
 #   v6 v3 + v5. (Dot variants apply to the general plan's kernels only, 2 blocks per SM.)
+# First the expert ring probe (with v5's ring: width 2, 2 slots, 3 blocks per SM).
 set -u
 out=${OUT:-out}; mkdir -p "$out/logs"; L=$out/logs
 t0=$(date +%s); el() { echo "$(( $(date +%s) - t0 ))"; }
@@ -14,6 +15,7 @@ cd build_var && tar -xJf vars.tar.xz && cd ..
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 export LD_LIBRARY_PATH=$PWD/build_var
 V="0 1 2 3 4 5 6"
+timeout 60 build_var/encore_expert_ring_probe 7 > $L/expert_ring_probe.log 2>&1; echo "ring probe rc=$? $(el) s"; cat $L/expert_ring_probe.log
 for r in a b c; do for v in $V; do
   timeout 30 build_var/encore_bench_v$v --benchmark_filter='BM_moe_kimi_experts/' --benchmark_min_time=0.05 > $L/x_v${v}_$r.log 2>&1
   echo "v$v ($r) rc=$? $(el) s: $(grep -E '^BM' $L/x_v${v}_$r.log | awk '{split($1,a,"/"); printf "%s=%s ", a[2], $NF}')"

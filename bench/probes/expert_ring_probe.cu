@@ -122,12 +122,14 @@ int main(int argc, char** argv) {
   };
   std::printf("%s, %d SMs; %d experts' matrices rotated over %d copies; medians of %d\n", prop.name, sms, kExperts, kCopies, repeats);
   // What the plan runs today (2 slots, 2 blocks per SM: down 4 blocks padded, gate/up 3), then
-  // narrower slots, deeper rings, an unpadded full-row box, and consumers as slow as the math.
+  // narrower slots, deeper rings, an unpadded full-row box, down at 3 blocks per SM (2 slots of 2
+  // blocks: what fits beside the activations there), and consumers as slow as the math.
   const std::vector<std::pair<Stream, RingConfig>> configs = {
       {kDown, {4, true, 2, 2, 0}},     {kDown, {4, false, 2, 2, 0}},    {kDown, {2, true, 4, 2, 0}},
       {kDown, {2, false, 4, 2, 0}},    {kDown, {1, true, 8, 2, 0}},     {kDown, {4, true, 2, 2, 2000}},
       {kDown, {4, false, 2, 2, 2000}}, {kDown, {2, true, 4, 2, 1000}},  {kDown, {1, true, 8, 2, 500}},
-      {kDown, {4, true, 3, 1, 0}},     {kDown, {4, false, 5, 1, 0}},    {kGateUp, {3, true, 2, 2, 0}},
+      {kDown, {4, true, 3, 1, 0}},     {kDown, {4, false, 5, 1, 0}},    {kDown, {2, true, 2, 3, 0}},
+      {kDown, {2, true, 2, 3, 1000}},  {kGateUp, {3, true, 2, 2, 0}},
       {kGateUp, {1, true, 5, 2, 0}},   {kGateUp, {3, true, 2, 2, 1500}}, {kGateUp, {1, true, 5, 2, 500}},
   };
   for (const Stream& s : {kDown, kGateUp}) {
