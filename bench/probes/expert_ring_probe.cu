@@ -10,8 +10,6 @@
 // conflicts) reads past the end of a row whose K blocks it covers in full: the copy engine fills
 // those words with zeros. A plain 16-byte-load stream of the same bytes is the roof.
 //   encore_expert_ring_probe [repeats]
-#include <cudaTypedefs.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include "common/async_copy.cuh"
+#include "common/tensor_map.h"
 #include "probe_stream.cuh"
 
 namespace {
@@ -82,28 +81,15 @@ __global__ void __launch_bounds__(kWarps * 32) ring_kernel(const __grid_constant
   probe::consume_ring(bars, ring, slot_bytes, c.slots, steps, c.work, fill, a.sink);
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  void* sym = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  PROBE_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &sym, 12000, cudaEnableDefault, &found));
-  if (found != cudaDriverEntryPointSuccess) {
-    std::fprintf(stderr, "no cuTensorMapEncodeTiled\n");
-    std::exit(1);
-  }
-  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(sym);
-}
-
-// Rows of `row_bytes` as 4-byte words, boxes of box_words x box_rows (zeros past a row's end).
+// Rows of `row_bytes` as 4-byte words, boxes of box_words x box_rows (zeros past a row's end): the
+// streams' own encoder (moe.cu's maps).
 CUtensorMap encode_map(const void* base, std::int64_t rows, int row_bytes, int box_words, int box_rows) {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = encode_tiled();
   CUtensorMap map;
-  const cuuint64_t dims[2] = {cuuint64_t(row_bytes / 4), cuuint64_t(rows)}, strides[1] = {cuuint64_t(row_bytes)};
-  const cuuint32_t box[2] = {cuuint32_t(box_words), cuuint32_t(box_rows)}, element_strides[2] = {1, 1};
-  const CUresult r = fn(&map, CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, const_cast<void*>(base), dims, strides, box, element_strides,
-                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    std::fprintf(stderr, "cuTensorMapEncodeTiled failed (%d)\n", int(r));
+  const encore::Status st = encore::detail::encode_tensor_map_2d_words(&map, base, std::uint64_t(row_bytes / 4), std::uint64_t(rows),
+                                                                       std::uint64_t(row_bytes), std::uint32_t(box_words),
+                                                                       std::uint32_t(box_rows), "expert ring probe");
+  if (!st.ok()) {
+    std::fprintf(stderr, "%s\n", st.to_string().c_str());
     std::exit(1);
   }
   return map;
