@@ -3,7 +3,7 @@
 // the 128-byte swizzled layout of common/wgmma.cuh), issued by thread 0 and completing on one
 // mbarrier per slot; rows beyond the sequence length are zeroed once the page has landed. (One
 // mbarrier per column block, so the scores could start on a page's first blocks, was faster at
-// B = 1 and slower from 64 x 4K; bench/RESULTS.md.)
+// B = 1 and slower from 64 x 4K; bench/notes/2026-12-02_to_12-04-op-sessions.md.)
 #pragma once
 
 #include <cstdint>
