@@ -14,8 +14,8 @@ cmake -S "$wt" -B "$wt/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DENCORE_BUILD
 out=$repo/build_var; rm -rf "$out"; mkdir -p "$out/bin"
 cp "$wt/ops/moe/moe.cu" "$wt/build/moe.cu.patched"
 # variant: ENCORE_X_DOT ENCORE_X_DOWN3 (see the run script's header)
-declare -A DOT=([0]=0 [1]=1 [2]=2 [3]=3 [4]=4 [5]=0 [6]=3 [7]=7 [8]=7) DOWN3=([0]=0 [1]=0 [2]=0 [3]=0 [4]=0 [5]=1 [6]=1 [7]=0 [8]=1)
-for v in 0 1 2 3 4 5 6 7 8; do
+declare -A DOT=([0]=0 [1]=1 [2]=2 [3]=3 [4]=4 [5]=0 [6]=3 [7]=7 [8]=7 [9]=9) DOWN3=([0]=0 [1]=0 [2]=0 [3]=0 [4]=0 [5]=1 [6]=1 [7]=0 [8]=1 [9]=0)
+for v in 0 1 2 3 4 5 6 7 8 9; do
   { echo "#define ENCORE_X_DOT ${DOT[$v]}"; echo "#define ENCORE_X_DOWN3 ${DOWN3[$v]}"; cat "$wt/build/moe.cu.patched"; } > "$wt/ops/moe/moe.cu"
   ninja -C "$wt/build" encore_bench encore_ab encore_test_moe $([ $v = 0 ] && echo encore_expert_ring_probe) >/dev/null
   for b in encore_bench encore_ab encore_test_moe; do cp "$(find "$wt/build" -name $b -type f -perm -u+x | head -1)" "$out/bin/${b}_v$v"; done
