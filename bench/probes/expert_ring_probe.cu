@@ -20,10 +20,11 @@
 #include "common/async_copy.cuh"
 #include "common/tensor_map.h"
 #include "probe_stream.cuh"
+#include "q4k/q4k_stream.cuh"
 
 namespace {
 
-constexpr int kBlockBytes = 144;  // one Q4_K block: 256 weights
+using encore::q4k::kBlockBytes;
 constexpr int kWarps = 8;
 constexpr int kUnits = 64;       // (matrix, row) units per item: 8 per warp
 constexpr int kMaxSlots = 8;
@@ -46,7 +47,12 @@ struct RingConfig {
   int work;           // consumer cycles per piece
 };
 
-__host__ __device__ int pitch_bytes(int width, bool pad) { return width * kBlockBytes + (pad && width % 2 == 0 ? 16 : 0); }
+// The streams' padded pitch (q4k::slot_pitch), or the bare row of `width` blocks.
+__host__ __device__ int pitch_bytes(int width, bool pad) { return pad ? encore::q4k::slot_pitch(width) : width * kBlockBytes; }
+// One warp's buffer: a box per matrix, each 128-byte aligned (the TMA engine's rule).
+__host__ __device__ int slot_bytes_of(const Stream& s, int box_rows, int pitch) {
+  return s.matrices * ((box_rows * pitch + 127) / 128 * 128);
+}
 
 struct RingArgs {
   CUtensorMap map[2];
@@ -62,7 +68,7 @@ __global__ void __launch_bounds__(kWarps * 32) ring_kernel(const __grid_constant
   const Stream& s = a.s;
   const RingConfig& c = a.c;
   const int pitch = pitch_bytes(c.width, c.pad), box_rows = kUnits / kWarps / s.matrices;
-  const int box_stride = (box_rows * pitch + 127) / 128 * 128, slot_bytes = s.matrices * box_stride;
+  const int slot_bytes = slot_bytes_of(s, box_rows, pitch), box_stride = slot_bytes / s.matrices;
   const int pieces = (s.k_blocks + c.width - 1) / c.width;
   std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(smem) + warp * kMaxSlots;
   char* ring = smem + 1024 + std::size_t(warp) * c.slots * slot_bytes;
@@ -134,7 +140,7 @@ int main(int argc, char** argv) {
     for (const auto& [stream, c] : configs) {
       if (stream.k_blocks != s.k_blocks) continue;
       const int pitch = pitch_bytes(c.width, c.pad), box_rows = kUnits / kWarps / s.matrices;
-      const int slot_bytes = s.matrices * ((box_rows * pitch + 127) / 128 * 128);
+      const int slot_bytes = slot_bytes_of(s, box_rows, pitch);
       const std::size_t smem = 1024 + std::size_t(kWarps) * c.slots * slot_bytes;
       if (smem * c.blocks_per_sm > std::size_t(prop.sharedMemPerMultiprocessor) || smem > prop.sharedMemPerBlockOptin) continue;
       PROBE_CHECK(cudaFuncSetAttribute(ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
